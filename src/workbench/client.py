@@ -1,0 +1,363 @@
+"""SGLang HTTP client: one long-lived `httpx.AsyncClient` per run.
+
+The default transport is `httpx-aiohttp` with an unlimited aiohttp connector: httpx's own
+pool caps at 100 connections and its pool work grows with the number of connections (see
+DESIGN.md for the measurement). Tests pass `httpx.MockTransport` or `httpx.ASGITransport`
+through the same `transport=` seam.
+
+Every failure is raised as an `errors.RequestFailed` subclass (or `ServerUnreachable` for
+the probes), classified as retryable or not, so the runner can record it as data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import msgspec
+
+from workbench.errors import (
+    BadRequest,
+    ConnectionLost,
+    ProtocolError,
+    RequestAborted,
+    RequestFailed,
+    RequestTimeout,
+    ServerBusy,
+    ServerUnreachable,
+)
+
+__all__ = [
+    "API_KEY_ENV_VARS",
+    "GenerateResult",
+    "SGLangClient",
+    "StreamChunk",
+    "api_key_from_env",
+    "default_transport",
+    "redact_url",
+]
+
+API_KEY_ENV_VARS = ("WORKBENCH_API_KEY", "SGLANG_API_KEY")
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=3600.0, write=60.0, pool=None)
+
+# httpx logs one INFO line per request; a run sends hundreds of thousands.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+_decoder = msgspec.json.Decoder()
+
+
+class FinishReason(msgspec.Struct):
+    type: str
+    matched: int | str | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+
+class MetaInfo(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason | None = None
+    cached_tokens: int = 0
+    e2e_latency: float | None = None
+    id: str | None = None
+
+
+class Reply(msgspec.Struct):
+    meta_info: MetaInfo
+    output_ids: list[int] = []
+    text: str | None = None
+
+
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """One finished generation, as read from SGLang's reply."""
+
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str
+    matched_stop: int | str | None
+    e2e_latency: float
+    text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One streamed chunk: cumulative ids so far and the time it arrived (perf_counter)."""
+
+    output_ids: list[int]
+    at: float
+    result: GenerateResult | None = None  # set on the last chunk, which carries finish_reason
+
+
+@dataclass(slots=True)
+class _Timer:
+    start: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def api_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key from WORKBENCH_API_KEY or SGLANG_API_KEY (first set wins)."""
+    env = os.environ if environ is None else environ
+    return next((env[name] for name in API_KEY_ENV_VARS if env.get(name)), None)
+
+
+def redact_url(url: str) -> str:
+    """`url` without user-info credentials or query string, fit for manifests and logs."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _is_secret_key(key: str) -> bool:
+    """Server-info keys that may hold credentials (`api_key`, `admin_api_key`, ...)."""
+    return any(word in key.lower() for word in ("api_key", "password", "secret"))
+
+
+def default_transport() -> httpx.AsyncBaseTransport:
+    """httpx over aiohttp with no connection cap (the runner bounds concurrency itself)."""
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        return aiohttp.ClientSession(connector=connector)
+
+    return AiohttpTransport(client=session)
+
+
+def parse_generate_reply(data: Any, url: str, *, elapsed: float) -> GenerateResult:
+    """A GenerateResult from one decoded `/generate` reply object; aborts raise."""
+    try:
+        reply = msgspec.convert(data, Reply)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"reply is not SGLang's /generate shape: {exc}", url) from None
+    return _result_from_reply(reply, url, elapsed)
+
+
+def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult:
+    meta = reply.meta_info
+    finish = meta.finish_reason or FinishReason(type="length")
+    if finish.type == "abort":
+        raise RequestAborted(f"aborted by server: {finish.message or 'no message'}", url,
+                             http_status=finish.status_code)
+    return GenerateResult(
+        output_ids=reply.output_ids,
+        prompt_tokens=meta.prompt_tokens,
+        completion_tokens=meta.completion_tokens,
+        cached_tokens=meta.cached_tokens,
+        finish_reason=finish.type,
+        matched_stop=finish.matched,
+        e2e_latency=meta.e2e_latency if meta.e2e_latency is not None else elapsed,
+        text=reply.text,
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's error message: SGLang's {"error": {"message"}} or the first text bytes."""
+    body = response.content[:2000]
+    try:
+        data = _decoder.decode(body)
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data.get("message")))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        if err is not None:
+            return str(err)[:500]
+    text = body.decode("utf-8", "replace").strip().replace("\n", " ")
+    return f"HTTP {response.status_code}: {text[:200]}" if text else f"HTTP {response.status_code}"
+
+
+def raise_for_status(response: httpx.Response, url: str) -> None:
+    """Map a non-2xx reply onto the error tree (retryable or not)."""
+    status = response.status_code
+    if status < 300:
+        return
+    message = _error_message(response)
+    if status in RETRY_STATUSES:
+        raise ServerBusy(message, url, http_status=status)
+    if status == 401 or status == 403:
+        raise BadRequest(f"not authorised ({status}): set WORKBENCH_API_KEY", url, http_status=status)
+    if 400 <= status < 500:
+        raise BadRequest(message, url, http_status=status)
+    raise ServerBusy(message, url, http_status=status)
+
+
+def _map_transport_error(exc: httpx.TransportError, url: str) -> RequestFailed:
+    if isinstance(exc, httpx.TimeoutException):
+        return RequestTimeout(f"timed out: {type(exc).__name__}", url)
+    detail = str(exc) or type(exc).__name__
+    return ConnectionLost(f"connection failed: {detail}", url)
+
+
+class SGLangClient:
+    """Async client for one SGLang server (or a router in front of many).
+
+    Use as `async with SGLangClient(url) as client:`. `transport` defaults to
+    `default_transport()`; pass `httpx.MockTransport` or `httpx.ASGITransport` in tests.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport if transport is not None else default_transport(),
+        )
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _url(self, path: str) -> str:
+        return redact_url(f"{self.base_url}{path}")
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _map_transport_error(exc, self._url(path)) from None
+        raise_for_status(response, self._url(path))
+        return response
+
+    def _json(self, response: httpx.Response, path: str) -> Any:
+        try:
+            return _decoder.decode(response.content)
+        except msgspec.DecodeError:
+            snippet = response.text[:80].replace("\n", " ")
+            raise ProtocolError(f"reply is not JSON: {snippet!r}", self._url(path)) from None
+
+    async def generate(self, payload: Mapping[str, Any]) -> GenerateResult:
+        """POST /generate for one prompt (non-streaming); aborts and HTTP errors raise."""
+        timer = _Timer()
+        response = await self._request("POST", "/generate", json=payload)
+        try:
+            reply = _reply_decoder.decode(response.content)
+        except msgspec.DecodeError:
+            return parse_generate_reply(self._json(response, "/generate"), self._url("/generate"),
+                                        elapsed=timer.elapsed())
+        return _result_from_reply(reply, self._url("/generate"), timer.elapsed())
+
+    async def generate_stream(self, payload: Mapping[str, Any]) -> AsyncIterator[StreamChunk]:
+        """POST /generate with stream=true; yields cumulative chunks with arrival times."""
+        timer = _Timer()
+        body = {**payload, "stream": True}
+        url = self._url("/generate")
+        try:
+            async with self._http.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 300:
+                    await response.aread()
+                    raise_for_status(response, url)
+                async for chunk in self._iter_sse(response, url, timer):
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise _map_transport_error(exc, url) from None
+
+    async def _iter_sse(
+        self, response: httpx.Response, url: str, timer: _Timer
+    ) -> AsyncIterator[StreamChunk]:
+        last: Any = None
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                last = _decoder.decode(data)
+            except msgspec.DecodeError:
+                raise ProtocolError(f"bad stream chunk: {data[:80]!r}", url) from None
+            ids = last.get("output_ids", []) if isinstance(last, dict) else []
+            yield StreamChunk(output_ids=ids, at=time.perf_counter())
+        if last is None:
+            raise ProtocolError("stream ended without a chunk", url)
+        result = parse_generate_reply(last, url, elapsed=timer.elapsed())
+        yield StreamChunk(output_ids=result.output_ids, at=time.perf_counter(), result=result)
+
+    async def _probe(self, *paths: str) -> Any:
+        """GET the first of `paths` that exists (404 falls through to the next)."""
+        last_error: RequestFailed | None = None
+        for path in paths:
+            try:
+                return self._json(await self._request("GET", path), path)
+            except BadRequest as exc:
+                if exc.http_status != 404:
+                    raise
+                last_error = exc
+            except ConnectionLost as exc:
+                raise ServerUnreachable(f"cannot reach the server at {self.base_url}: {exc}",
+                                        redact_url(self.base_url)) from None
+        assert last_error is not None
+        raise last_error
+
+    async def server_info(self) -> dict[str, Any]:
+        """`/server_info` (newer servers) or `/get_server_info` (older), without the API key."""
+        info = await self._probe("/server_info", "/get_server_info")
+        if not isinstance(info, dict):
+            raise ProtocolError("server_info is not a JSON object", self._url("/server_info"))
+        return {k: v for k, v in info.items() if not _is_secret_key(k)}
+
+    async def model_info(self) -> dict[str, Any]:
+        """`/model_info` (newer) or `/get_model_info` (older)."""
+        info = await self._probe("/model_info", "/get_model_info")
+        if not isinstance(info, dict):
+            raise ProtocolError("model_info is not a JSON object", self._url("/model_info"))
+        return info
+
+    async def health(self, *, generate: bool = False) -> bool:
+        """True when `/health` (or `/health_generate`) answers 200."""
+        path = "/health_generate" if generate else "/health"
+        try:
+            await self._request("GET", path)
+        except RequestFailed:
+            return False
+        return True
+
+    async def metrics(self) -> str | None:
+        """Prometheus text from `/metrics`, or None when the server runs without metrics."""
+        try:
+            response = await self._request("GET", "/metrics")
+        except BadRequest as exc:
+            if exc.http_status == 404:
+                return None
+            raise
+        return response.text
+
+    async def flush_cache(self) -> bool:
+        """POST /flush_cache; False when the server refuses (requests still running)."""
+        try:
+            await self._request("POST", "/flush_cache")
+        except BadRequest:
+            return False
+        return True

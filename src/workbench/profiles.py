@@ -1,0 +1,79 @@
+"""Model profiles: the special token ids a model's outputs are checked and split with.
+
+Keep every model-specific id here; rules, the simulator and exports look them up by name.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from workbench.errors import ConfigError
+
+__all__ = ["ModelProfile", "PROFILES", "get_profile"]
+
+
+class ModelProfile(msgspec.Struct, frozen=True):
+    """Special ids of one model family.
+
+    `think_in_template`: the chat template already opens the reasoning block in the prompt, so
+    a completion holds no think-start id and one think-end id. `thinking_kwarg` is the
+    chat-template argument that switches thinking on. `sim_content_ids` is the id range the
+    simulator draws ordinary tokens from (the example tokenizer covers it).
+    """
+
+    name: str
+    vocab_size: int
+    think_start: int | None
+    think_end: int | None
+    end_ids: tuple[int, ...]
+    eos_id: int | None
+    thinking_kwarg: str | None
+    think_in_template: bool = True
+    sim_content_ids: tuple[int, int] = (100, 8000)
+
+    @property
+    def is_reasoning(self) -> bool:
+        return self.think_end is not None
+
+
+PROFILES: dict[str, ModelProfile] = {
+    "kimi-k2.5": ModelProfile(
+        name="kimi-k2.5",
+        vocab_size=163840,
+        think_start=163606,
+        think_end=163607,
+        end_ids=(163586,),
+        eos_id=163585,
+        thinking_kwarg="thinking",
+        think_in_template=True,
+    ),
+    "qwen3": ModelProfile(
+        name="qwen3",
+        vocab_size=151936,
+        think_start=151667,
+        think_end=151668,
+        end_ids=(151645,),
+        eos_id=151643,
+        thinking_kwarg="enable_thinking",
+        think_in_template=False,
+    ),
+    "plain": ModelProfile(
+        name="plain",
+        vocab_size=32000,
+        think_start=None,
+        think_end=None,
+        end_ids=(2,),
+        eos_id=2,
+        thinking_kwarg=None,
+        think_in_template=False,
+    ),
+}
+
+
+def get_profile(name: str, key: str = "model_profile") -> ModelProfile:
+    """The profile called `name`, or a ConfigError naming the key and the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ConfigError(key, f"unknown model profile {name!r} (known: {known})") from None

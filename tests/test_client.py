@@ -1,0 +1,212 @@
+"""SGLangClient against httpx.MockTransport handlers: reply shapes, errors, probes, secrets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from workbench.client import SGLangClient, api_key_from_env, redact_url
+from workbench.errors import (
+    BadRequest,
+    ConnectionLost,
+    ProtocolError,
+    RequestAborted,
+    RequestTimeout,
+    ServerBusy,
+    ServerUnreachable,
+)
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://sglang.test:30000"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def reply(**meta: object) -> dict[str, object]:
+    base = {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 2,
+            "finish_reason": {"type": "stop", "matched": 163586}, "e2e_latency": 0.25,
+            "reasoning_tokens": 1, "dp_rank": 0}
+    base.update(meta)
+    return {"text": "a b c", "output_ids": [163607, 7, 163586], "meta_info": base}
+
+
+def client_for(handler: Callable[[httpx.Request], httpx.Response], **kwargs: object) -> SGLangClient:
+    return SGLangClient(URL, transport=httpx.MockTransport(handler), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_generate_reads_meta_info_and_ignores_unknown_keys() -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=reply())
+
+    async with client_for(handler) as client:
+        result = await client.generate({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}})
+    assert seen[0]["input_ids"] == [1, 2, 3]
+    assert result.output_ids == [163607, 7, 163586]
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (5, 3, 2)
+    assert result.finish_reason == "stop" and result.matched_stop == 163586
+    assert result.e2e_latency == 0.25
+
+
+async def test_completion_tokens_come_from_meta_info_not_output_length() -> None:
+    handler = lambda request: httpx.Response(200, json=reply(completion_tokens=2))  # noqa: E731
+    async with client_for(handler) as client:
+        result = await client.generate({"input_ids": [1]})
+    assert result.completion_tokens == 2 and len(result.output_ids) == 3
+
+
+async def test_length_finish_and_missing_latency_is_measured() -> None:
+    data = reply(finish_reason={"type": "length", "length": 3})
+    del data["meta_info"]["e2e_latency"]  # type: ignore[attr-defined]
+    async with client_for(lambda r: httpx.Response(200, json=data)) as client:
+        result = await client.generate({"input_ids": [1]})
+    assert result.finish_reason == "length" and result.matched_stop is None
+    assert 0 <= result.e2e_latency < 5
+
+
+async def test_abort_in_a_200_reply_is_an_error() -> None:
+    data = reply(finish_reason={"type": "abort", "message": "preempted", "status_code": 503})
+    async with client_for(lambda r: httpx.Response(200, json=data)) as client:
+        with pytest.raises(RequestAborted, match="preempted") as info:
+            await client.generate({"input_ids": [1]})
+    assert info.value.retryable and info.value.http_status == 503
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "retryable"),
+    [
+        (400, {"error": {"message": "prompt too long"}}, BadRequest, False),
+        (422, {"detail": "bad"}, BadRequest, False),
+        (429, {"error": {"message": "slow down"}}, ServerBusy, True),
+        (503, {"error": {"message": "overloaded"}}, ServerBusy, True),
+        (500, "<html><body>Internal error</body></html>", ServerBusy, True),
+    ],
+)
+async def test_http_errors_are_classified(status: int, body: object, error: type, retryable: bool) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
+        return httpx.Response(status, json=body)
+
+    async with client_for(handler) as client:
+        with pytest.raises(error) as info:
+            await client.generate({"input_ids": [1]})
+    assert info.value.retryable is retryable and info.value.http_status == status
+
+
+async def test_bad_request_message_is_the_servers() -> None:
+    body = {"error": {"message": "The input (5000 tokens) is longer than the model's context length"}}
+    async with client_for(lambda r: httpx.Response(400, json=body)) as client:
+        with pytest.raises(BadRequest, match="longer than the model's context length"):
+            await client.generate({"input_ids": [1]})
+
+
+async def test_html_page_with_200_is_a_protocol_error() -> None:
+    async with client_for(lambda r: httpx.Response(200, text="<html>proxy login</html>")) as client:
+        with pytest.raises(ProtocolError, match="not JSON"):
+            await client.generate({"input_ids": [1]})
+
+
+async def test_json_that_is_not_sglangs_shape_is_a_protocol_error() -> None:
+    body = {"choices": [{"text": "hi"}]}
+    async with client_for(lambda r: httpx.Response(200, json=body)) as client:
+        with pytest.raises(ProtocolError, match="shape"):
+            await client.generate({"input_ids": [1]})
+
+
+async def test_transport_failures_are_retryable() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    async with client_for(refuse) as client:
+        with pytest.raises(ConnectionLost) as lost:
+            await client.generate({"input_ids": [1]})
+    async with client_for(slow) as client:
+        with pytest.raises(RequestTimeout) as timeout:
+            await client.generate({"input_ids": [1]})
+    assert lost.value.retryable and timeout.value.retryable
+
+
+async def test_server_info_falls_back_to_the_old_path_and_drops_keys() -> None:
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/server_info":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"model_path": "m", "api_key": "sk-secret",
+                                         "max_total_num_tokens": 1000})
+
+    async with client_for(handler) as client:
+        info = await client.server_info()
+    assert paths == ["/server_info", "/get_server_info"]
+    assert info == {"model_path": "m", "max_total_num_tokens": 1000}
+
+
+async def test_unreachable_server_names_the_url() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with client_for(refuse) as client:
+        with pytest.raises(ServerUnreachable, match="sglang.test:30000"):
+            await client.server_info()
+
+
+async def test_api_key_is_sent_as_bearer() -> None:
+    headers: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers.get("authorization"))
+        return httpx.Response(200, text="ok")
+
+    async with client_for(handler, api_key="k-123") as client:
+        assert await client.health()
+    assert headers == ["Bearer k-123"]
+
+
+async def test_metrics_absent_is_none_and_flush_refused_is_false() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        return httpx.Response(400, json={"error": {"message": "requests running"}})
+
+    async with client_for(handler) as client:
+        assert await client.metrics() is None
+        assert await client.flush_cache() is False
+
+
+async def test_stream_yields_cumulative_chunks_then_result() -> None:
+    chunks = [
+        {"text": "a", "output_ids": [5], "meta_info": {"prompt_tokens": 2, "completion_tokens": 1}},
+        {"text": "a b", "output_ids": [5, 163586], "meta_info": {
+            "prompt_tokens": 2, "completion_tokens": 2, "finish_reason": {"type": "stop", "matched": 163586}}},
+    ]
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["stream"] is True
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async with client_for(handler) as client:
+        seen = [c async for c in client.generate_stream({"input_ids": [1, 2]})]
+    assert [c.output_ids for c in seen] == [[5], [5, 163586], [5, 163586]]
+    assert seen[-1].result is not None and seen[-1].result.finish_reason == "stop"
+
+
+def test_api_key_from_env_and_redaction() -> None:
+    assert api_key_from_env({"SGLANG_API_KEY": "b"}) == "b"
+    assert api_key_from_env({"WORKBENCH_API_KEY": "a", "SGLANG_API_KEY": "b"}) == "a"
+    assert api_key_from_env({}) is None
+    assert redact_url("http://user:pw@host:30000/x?token=1") == "http://host:30000/x"
