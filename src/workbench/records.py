@@ -1,0 +1,746 @@
+"""The data contract: record types, safe JSONL appends, and fast normalising reads.
+
+A run writes, per dataset, one flat :class:`Record` a line to ``raw_responses.jsonl``, the
+prompts as sent to ``prompts.jsonl`` and one :class:`ErrorRecord` per failed attempt to
+``errors.jsonl``. :class:`JsonlAppender` writes whole lines only; :func:`repair_torn_tail`
+puts aside the partial line a killed writer may leave.
+
+Readers (:func:`iter_blocks`, :func:`read_rows`, :func:`parse_lines`) turn each line into a
+:class:`Row` and say which layout it had:
+
+    flat        the Record keys at top level (what the workbench writes)
+    legacy      OpenAI chat-completions: counts under ``usage``, ``response.usage`` or
+                ``response.body.usage`` (OpenAI batch output), ``cached_tokens`` under
+                ``usage.prompt_tokens_details``; ``finish_reason`` and ``matched_stop`` under
+                ``choices[0]`` (or ``response.choices[0]``, ``response.body.choices[0]``)
+    meta_info   raw SGLang ``/generate`` replies: counts, ``finish_reason.type`` /
+                ``.matched`` and ``e2e_latency`` under ``meta_info``
+
+The layout is the first container a line holds: ``meta_info``; else ``usage``, ``response``
+or ``choices``; else flat (so ``{"sample_id": 3}`` is flat with no counts). In every layout
+the sample id is top-level ``sample_id``, else ``custom_id``, else ``id``; ``output_ids``,
+``ts`` (and ``e2e_latency`` when the layout has none) are read at top level. A flat
+``finish_reason`` may also be a ``{"type", "matched"}`` object, a meta_info one a string.
+
+A count that cannot be read is None, never 0. The one exception: ``cached_tokens`` absent
+next to other counts is 0 (servers omit it when nothing was cached); null or mistyped, None.
+
+Lines that are not clean rows are reported as :class:`LineProblem`, by kind:
+
+    malformed   not JSON (or nested too deeply); no Row
+    not_object  a JSON value other than an object; no Row
+    bad_type    known fields hold the wrong type: the Row has None for them, and one
+                problem per line names them all
+    torn        the file's last line has no newline: a writer died mid-line or is still
+                writing; no Row, and the block's ``end_offset`` stays before it
+
+Blank lines are skipped silently. Line numbers are 1-based.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias, get_args, get_origin
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "ERRORS_FILE",
+    "MANIFEST_FILE",
+    "PROMPTS_FILE",
+    "RAW_FILE",
+    "SCHEMA_VERSION",
+    "TORN_SUFFIX",
+    "Block",
+    "ErrorRecord",
+    "JsonlAppender",
+    "Layout",
+    "LineProblem",
+    "ProblemKind",
+    "PromptRecord",
+    "Record",
+    "Row",
+    "SampleId",
+    "encode_line",
+    "iter_blocks",
+    "parse_lines",
+    "read_rows",
+    "read_sample_ids",
+    "repair_torn_tail",
+]
+
+SCHEMA_VERSION = 1
+RAW_FILE = "raw_responses.jsonl"
+PROMPTS_FILE = "prompts.jsonl"
+ERRORS_FILE = "errors.jsonl"
+MANIFEST_FILE = "run.json"
+TORN_SUFFIX = ".torn"
+
+DEFAULT_BLOCK_BYTES = 8 << 20
+
+StrPath: TypeAlias = str | os.PathLike[str]
+SampleId: TypeAlias = int | str
+Layout: TypeAlias = Literal["flat", "legacy", "meta_info"]
+ProblemKind: TypeAlias = Literal["malformed", "not_object", "bad_type", "torn"]
+
+
+# --- what the workbench writes -------------------------------------------------------------------
+
+
+class Record(msgspec.Struct):
+    """One response, one line of raw_responses.jsonl (keys and order are the contract)."""
+
+    sample_id: SampleId
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str
+    matched_stop: int | str | None
+    e2e_latency: float
+    ts: float
+    schema: int = SCHEMA_VERSION
+
+
+class ErrorRecord(msgspec.Struct):
+    """One failed attempt, one line of errors.jsonl."""
+
+    sample_id: SampleId
+    attempt: int
+    error_type: str
+    http_status: int | None
+    message: str
+    ts: float
+
+
+class PromptRecord(msgspec.Struct, omit_defaults=True):
+    """One prompt as sent, one line of prompts.jsonl: token ids or text."""
+
+    sample_id: SampleId
+    input_ids: list[int] | None = None
+    text: str | None = None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_line(obj: Any) -> bytes:
+    """Encode obj as one JSON line, newline included (JSON strings never hold a raw newline)."""
+    return _encoder.encode(obj) + b"\n"
+
+
+class JsonlAppender:
+    """Appends whole JSON lines to a file; one instance may be shared by threads and tasks.
+
+    Each ``append``/``append_many`` is a single ``os.write`` of complete lines on an
+    ``O_APPEND`` descriptor, so concurrent appends never interleave and a reader never sees
+    part of a line once the call returned. ``fsync=True`` also makes each append durable
+    before returning; ``flush()`` does so on demand.
+    """
+
+    def __init__(self, path: StrPath, *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self._fsync = fsync
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        self._fd = os.open(self.path, flags, 0o644)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def append(self, obj: Any) -> None:
+        """Append obj as one line."""
+        self._write(encode_line(obj))
+
+    def append_many(self, objs: Iterable[Any]) -> None:
+        """Append every obj, one line each, in one write."""
+        data = b"".join(encode_line(obj) for obj in objs)
+        if data:
+            self._write(data)
+
+    def flush(self) -> None:
+        """Make the appended lines durable (lines reach the OS on every append already)."""
+        os.fsync(self._open_fd())
+
+    def close(self) -> None:
+        """Close the file; closing twice is harmless."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _open_fd(self) -> int:
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: appender is closed")
+        return self._fd
+
+    def _write(self, data: bytes) -> None:
+        """One write; a short write (disk full, file size limit) is finished or raises."""
+        fd = self._open_fd()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if self._fsync:
+            os.fsync(fd)
+
+
+def repair_torn_tail(path: StrPath) -> int:
+    """Move a last line without newline to ``<path>.torn``; return how many bytes moved.
+
+    The fragment is appended to the .torn file, followed by a newline, and made durable before
+    it is cut from path, so no byte is lost. Returns 0 when path is missing, empty or already
+    ends with a newline. Run it before any writer opens path.
+    """
+    if not os.path.exists(path):
+        return 0
+    with open(path, "r+b") as file:
+        size = file.seek(0, os.SEEK_END)
+        start = _tail_start(file, size)
+        if start == size:
+            return 0
+        file.seek(start)
+        fragment = file.read()
+        with open(f"{os.fspath(path)}{TORN_SUFFIX}", "ab") as torn:
+            torn.write(fragment + b"\n")
+            torn.flush()
+            os.fsync(torn.fileno())
+        file.truncate(start)
+        file.flush()
+        os.fsync(file.fileno())
+    return len(fragment)
+
+
+def _tail_start(file: BinaryIO, size: int, step: int = 1 << 16) -> int:
+    """Offset just after the last newline of a file of the given size (0 if it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - step)
+        file.seek(start)
+        found = file.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
+
+
+# --- what readers return -------------------------------------------------------------------------
+
+
+class Row(msgspec.Struct):
+    """One readable line, normalised; None where a value cannot be read."""
+
+    line: int
+    layout: Layout
+    sample_id: SampleId | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    matched_stop: int | str | None
+    e2e_latency: float | None
+    ts: float | None
+    output_ids: list[int] | None = None
+
+
+class LineProblem(msgspec.Struct):
+    """A line that is not a clean row (kinds in the module docstring)."""
+
+    line: int
+    kind: ProblemKind
+    detail: str
+
+
+class Block(msgspec.Struct):
+    """The rows and problems of the whole lines in file bytes [start_offset, end_offset).
+
+    ``lines`` counts every line of the block, blank and bad ones included, so the next block
+    starts at ``first_line + lines``; resume a read at ``end_offset`` with that first line.
+    """
+
+    rows: list[Row]
+    problems: list[LineProblem]
+    start_offset: int
+    end_offset: int
+    first_line: int
+    lines: int
+
+
+# --- decoding structs: only the fields readers need; the rest is skipped, never built ------------
+
+
+class _FinishReason(msgspec.Struct, gc=False):
+    type: str | None = None
+    matched: int | str | None = None
+
+
+class _PromptDetails(msgspec.Struct, gc=False):
+    cached_tokens: int | UnsetType | None = UNSET
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+
+
+class _Choice(msgspec.Struct, gc=False):
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+
+
+class _Completion(msgspec.Struct, gc=False):
+    usage: _Usage | None = None
+    choices: list[_Choice] | None = None
+
+
+class _Response(_Completion, gc=False):
+    body: _Completion | None = None
+
+
+class _MetaInfo(msgspec.Struct, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | UnsetType | None = UNSET
+    finish_reason: str | _FinishReason | None = None
+    e2e_latency: float | None = None
+
+
+class _Line(_Completion, gc=False):
+    sample_id: SampleId | None = None
+    custom_id: SampleId | None = None
+    id: SampleId | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | UnsetType | None = UNSET
+    finish_reason: str | _FinishReason | None = None
+    matched_stop: int | str | None = None
+    e2e_latency: float | None = None
+    ts: float | None = None
+    response: _Response | None = None
+    meta_info: _MetaInfo | None = None
+
+
+class _LineWithIds(_Line, gc=False):
+    output_ids: list[int] | None = None
+
+
+class _IdLine(msgspec.Struct, gc=False):
+    sample_id: SampleId | None = None
+
+
+class _Schema(NamedTuple):
+    line_type: type[_Line]
+    decoder: msgspec.json.Decoder[Any]
+    keeps_output_ids: bool
+
+
+_ROWS = _Schema(_Line, msgspec.json.Decoder(_Line), False)
+_ROWS_WITH_IDS = _Schema(_LineWithIds, msgspec.json.Decoder(_LineWithIds), True)
+_IDS = msgspec.json.Decoder(_IdLine)
+
+
+# --- normalising one decoded line ----------------------------------------------------------------
+
+
+def _to_row(rec: _Line, line: int) -> Row:
+    if rec.meta_info is not None:
+        return _meta_info_row(rec, rec.meta_info, line)
+    if rec.usage is not None or rec.choices is not None or rec.response is not None:
+        return _legacy_row(rec, line)
+    return _flat_row(rec, line)
+
+
+def _flat_row(rec: _Line, line: int) -> Row:
+    reason, matched = _finish(rec.finish_reason, rec.matched_stop)
+    return Row(
+        line=line,
+        layout="flat",
+        sample_id=_sample_id(rec),
+        prompt_tokens=rec.prompt_tokens,
+        completion_tokens=rec.completion_tokens,
+        cached_tokens=_cached(rec.cached_tokens, rec.prompt_tokens, rec.completion_tokens),
+        finish_reason=reason,
+        matched_stop=matched,
+        e2e_latency=rec.e2e_latency,
+        ts=rec.ts,
+        output_ids=_output_ids(rec),
+    )
+
+
+def _meta_info_row(rec: _Line, meta: _MetaInfo, line: int) -> Row:
+    reason, matched = _finish(meta.finish_reason, rec.matched_stop)
+    return Row(
+        line=line,
+        layout="meta_info",
+        sample_id=_sample_id(rec),
+        prompt_tokens=meta.prompt_tokens,
+        completion_tokens=meta.completion_tokens,
+        cached_tokens=_cached(meta.cached_tokens, meta.prompt_tokens, meta.completion_tokens),
+        finish_reason=reason,
+        matched_stop=matched,
+        e2e_latency=meta.e2e_latency if meta.e2e_latency is not None else rec.e2e_latency,
+        ts=rec.ts,
+        output_ids=_output_ids(rec),
+    )
+
+
+def _legacy_row(rec: _Line, line: int) -> Row:
+    usage, choice = _completion_parts(rec)
+    prompt = usage.prompt_tokens if usage else None
+    completion = usage.completion_tokens if usage else None
+    details = usage.prompt_tokens_details if usage else None
+    return Row(
+        line=line,
+        layout="legacy",
+        sample_id=_sample_id(rec),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=_cached(details.cached_tokens if details else UNSET, prompt, completion),
+        finish_reason=choice.finish_reason if choice else None,
+        matched_stop=choice.matched_stop if choice else None,
+        e2e_latency=rec.e2e_latency,
+        ts=rec.ts,
+        output_ids=_output_ids(rec),
+    )
+
+
+def _completion_parts(rec: _Line) -> tuple[_Usage | None, _Choice | None]:
+    """The first usage and first choice found in the line, its response, the response body."""
+    parts: list[_Completion] = [rec]
+    if rec.response is not None:
+        parts.append(rec.response)
+        if rec.response.body is not None:
+            parts.append(rec.response.body)
+    usage = next((part.usage for part in parts if part.usage is not None), None)
+    choice = next((part.choices[0] for part in parts if part.choices), None)
+    return usage, choice
+
+
+def _sample_id(rec: _Line) -> SampleId | None:
+    if rec.sample_id is not None:
+        return rec.sample_id
+    return rec.custom_id if rec.custom_id is not None else rec.id
+
+
+def _finish(
+    reason: str | _FinishReason | None, matched: int | str | None
+) -> tuple[str | None, int | str | None]:
+    """(finish reason, matched stop) from a plain reason or a {"type", "matched"} object."""
+    if isinstance(reason, _FinishReason):
+        return reason.type, reason.matched if reason.matched is not None else matched
+    return reason, matched
+
+
+def _cached(
+    cached: int | UnsetType | None, prompt: int | None, completion: int | None
+) -> int | None:
+    """cached_tokens: absent next to other counts is 0; null, mistyped or alone, None."""
+    if cached is UNSET:
+        return 0 if prompt is not None or completion is not None else None
+    return cached
+
+
+def _output_ids(rec: _Line) -> list[int] | None:
+    return rec.output_ids if isinstance(rec, _LineWithIds) else None
+
+
+# --- decoding lines that do not fit the structs --------------------------------------------------
+
+
+def _decode_line(text: bytes, line: int, schema: _Schema) -> tuple[Row | None, LineProblem | None]:
+    """Decode one non-blank line into a row, a problem, or both (a row with bad types)."""
+    try:
+        return _to_row(schema.decoder.decode(text), line), None
+    except msgspec.ValidationError:
+        return _decode_loosely(text, line, schema.line_type)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return None, LineProblem(line, "malformed", _reason(exc))
+
+
+def _decode_loosely(
+    text: bytes, line: int, line_type: type[_Line]
+) -> tuple[Row | None, LineProblem | None]:
+    """Decode a line that failed validation: keep what fits, None for what does not."""
+    try:
+        value = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return None, LineProblem(line, "malformed", _reason(exc))
+    if not isinstance(value, dict):
+        return None, LineProblem(line, "not_object", f"expected an object, got {_json_type(value)}")
+    misfits: list[str] = []
+    rec = msgspec.convert(_fitting(value, line_type, "", misfits), line_type)
+    problem = LineProblem(line, "bad_type", "; ".join(misfits)) if misfits else None
+    return _to_row(rec, line), problem
+
+
+def _fitting(value: Any, tp: Any, where: str, misfits: list[str]) -> Any:
+    """value with every part that does not fit type tp replaced by None (each noted in misfits).
+
+    Objects are checked field by field against a struct in tp, and lists of objects item by
+    item against a ``list[struct]`` in tp, so one bad count does not hide its neighbours.
+    """
+    options = get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+    struct = next((o for o in options if _is_struct(o)), None)
+    if struct is not None and isinstance(value, dict):
+        return {
+            field.encode_name: _fitting(
+                value[field.encode_name], field.type, _join(where, field.encode_name), misfits
+            )
+            for field in msgspec.structs.fields(struct)
+            if field.encode_name in value
+        }
+    item = next((get_args(o)[0] for o in options if get_origin(o) is list), None)
+    if _is_struct(item) and isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return [_fitting(v, item, f"{where}[{i}]", misfits) for i, v in enumerate(value)]
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError as exc:
+        misfits.append(f"{where}: {exc}")
+        return None
+    return value
+
+
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
+
+
+def _reason(exc: BaseException) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+
+
+# --- reading files in blocks of whole lines ------------------------------------------------------
+
+
+class _Chunk(NamedTuple):
+    """Bytes read at file ``offset``: whole lines ``data[:size]``, or (torn) a last partial line."""
+
+    data: bytes
+    size: int
+    offset: int
+    torn: bool = False
+
+    def whole(self) -> bytes:
+        return self.data if self.size == len(self.data) else self.data[: self.size]
+
+
+def _iter_chunks(path: StrPath, offset: int, block_bytes: int) -> Iterator[_Chunk]:
+    """Read path from offset in chunks of about block_bytes, each cut after its last newline.
+
+    Each read starts at a line start (seeking back over the previous read's partial line), so
+    no bytes are copied between chunks; a line longer than a block doubles the read size.
+    """
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+    with open(path, "rb") as file:
+        size = block_bytes
+        while True:
+            file.seek(offset)
+            data = file.read(size)
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                yield _Chunk(data, cut, offset)
+                offset, size = offset + cut, block_bytes
+            elif len(data) == size:
+                size *= 2
+            else:
+                if data.strip():
+                    yield _Chunk(data, len(data), offset, torn=True)
+                return
+
+
+def _decode_whole(
+    decoder: msgspec.json.Decoder[Any], chunk: _Chunk, *, keep_output_ids: bool = False
+) -> list[Any] | None:
+    """Every line of the chunk decoded in one call, or None unless each is one clean object."""
+    data = chunk.whole() if keep_output_ids else _without_output_ids(chunk)
+    return None if data is None else _decode_aligned(decoder, data)
+
+
+def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any] | None:
+    """Whole lines decoded by ``decode_lines``, or None unless item i is exactly line i.
+
+    ``decode_lines`` reads whitespace-separated values. When every newline but the last sits
+    in ``}\n{`` (which no valid JSON value holds, and no string holds a raw newline), each
+    line holds whole values, at least one; as many items as lines then means one each.
+    """
+    lines = data.count(b"\n")
+    if data.count(b"}\n{") != lines - 1:
+        return None
+    try:
+        items = decoder.decode_lines(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return items if len(items) == lines else None
+
+
+_OUTPUT_IDS_KEY = b'"output_ids":['
+
+
+def _without_output_ids(chunk: _Chunk) -> bytes | None:
+    """The chunk's lines with every compact ``"output_ids":[...]`` array emptied, or None.
+
+    Parsing the digits of the token ids is most of a scan's cost; finding the closing bracket
+    with a byte search is not. The key pattern cannot occur inside a JSON string. An array
+    holding a newline or a string (as when a torn line has the next record appended to it)
+    gives None; a nested array leaves bytes that fail to decode. Either way the chunk is then
+    decoded line by line from its original bytes. Nothing else inside an emptied array is
+    checked: a line with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
+    """
+    data, size = chunk.data, chunk.size
+    view = memoryview(data)
+    pieces: list[memoryview] = []
+    position = 0
+    while (start := data.find(_OUTPUT_IDS_KEY, position, size)) >= 0:
+        start += len(_OUTPUT_IDS_KEY)
+        end = data.find(b"]", start, size)
+        if end < 0 or data.find(b"\n", start, end) >= 0 or data.find(b'"', start, end) >= 0:
+            return None
+        pieces.append(view[position:start])
+        position = end
+    pieces.append(view[position:size])
+    return b"".join(pieces)
+
+
+def _split_lines(chunk: _Chunk) -> list[bytes]:
+    return chunk.whole().split(b"\n")[:-1]
+
+
+def _numbered(texts: list[bytes], first_line: int) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines with their line numbers."""
+    for index, text in enumerate(texts):
+        if text.strip():
+            yield first_line + index, text
+
+
+def _decode_chunk(
+    chunk: _Chunk, first_line: int, schema: _Schema
+) -> tuple[list[Row], list[LineProblem], int]:
+    """Rows, problems and line count of a chunk: in one call, or line by line if one is bad."""
+    records = _decode_whole(schema.decoder, chunk, keep_output_ids=schema.keeps_output_ids)
+    if records is not None:
+        rows = [_to_row(rec, first_line + index) for index, rec in enumerate(records)]
+        return rows, [], len(records)
+    rows = []
+    problems: list[LineProblem] = []
+    texts = _split_lines(chunk)
+    for line, text in _numbered(texts, first_line):
+        row, problem = _decode_line(text, line, schema)
+        if row is not None:
+            rows.append(row)
+        if problem is not None:
+            problems.append(problem)
+    return rows, problems, len(texts)
+
+
+def _torn_block(chunk: _Chunk, line: int) -> Block:
+    detail = f"last line has no newline ({chunk.size} bytes): cut short or still being written"
+    problem = LineProblem(line, "torn", detail)
+    return Block([], [problem], chunk.offset, chunk.offset, line, 0)
+
+
+def iter_blocks(
+    path: StrPath,
+    *,
+    offset: int = 0,
+    first_line: int = 1,
+    with_output_ids: bool = False,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> Iterator[Block]:
+    """Normalised blocks of path from byte offset (a line start) to the end of the file.
+
+    ``first_line`` is the number of the line at offset. A torn last line comes as a final
+    block with no rows and a "torn" problem, its offsets both before the line, so a reader
+    resuming at the last ``end_offset`` reads it again once it is complete. Raises OSError
+    when path cannot be read.
+    """
+    schema = _ROWS_WITH_IDS if with_output_ids else _ROWS
+    line = first_line
+    for chunk in _iter_chunks(path, offset, block_bytes):
+        if chunk.torn:
+            yield _torn_block(chunk, line)
+            return
+        rows, problems, lines = _decode_chunk(chunk, line, schema)
+        yield Block(rows, problems, chunk.offset, chunk.offset + chunk.size, line, lines)
+        line += lines
+
+
+def read_rows(
+    path: StrPath, *, with_output_ids: bool = False
+) -> tuple[list[Row], list[LineProblem]]:
+    """Every row and every problem of path (see :func:`iter_blocks`)."""
+    rows: list[Row] = []
+    problems: list[LineProblem] = []
+    for block in iter_blocks(path, with_output_ids=with_output_ids):
+        rows.extend(block.rows)
+        problems.extend(block.problems)
+    return rows, problems
+
+
+def parse_lines(
+    data: bytes, *, first_line: int = 1, with_output_ids: bool = False
+) -> tuple[list[Row], list[LineProblem]]:
+    """Rows and problems of JSON lines held in memory; a last line without newline counts."""
+    if data and not data.endswith(b"\n"):
+        data += b"\n"
+    schema = _ROWS_WITH_IDS if with_output_ids else _ROWS
+    rows, problems, _ = _decode_chunk(_Chunk(data, len(data), 0), first_line, schema)
+    return rows, problems
+
+
+def read_sample_ids(path: StrPath) -> tuple[set[SampleId], list[tuple[int, SampleId]]]:
+    """The ``sample_id`` values of path, and each repeat as (line, id).
+
+    Only top-level ``sample_id`` is read (the workbench's own layout); lines without one, bad
+    lines and a torn last line are skipped. Raises OSError when path cannot be read.
+    """
+    seen: set[SampleId] = set()
+    repeats: list[tuple[int, SampleId]] = []
+    line = 1
+    for chunk in _iter_chunks(path, 0, DEFAULT_BLOCK_BYTES):
+        if chunk.torn:
+            break
+        found, lines = _chunk_ids(chunk, line)
+        for at, sample_id in found:
+            if sample_id is None:
+                continue
+            if sample_id in seen:
+                repeats.append((at, sample_id))
+            else:
+                seen.add(sample_id)
+        line += lines
+    return seen, repeats
+
+
+def _chunk_ids(chunk: _Chunk, first_line: int) -> tuple[list[tuple[int, SampleId | None]], int]:
+    """(line, sample_id or None) for each non-blank line, and the chunk's line count."""
+    items = _decode_whole(_IDS, chunk)
+    if items is not None:
+        return [(first_line + i, item.sample_id) for i, item in enumerate(items)], len(items)
+    texts = _split_lines(chunk)
+    return [(at, _sample_id_of(text)) for at, text in _numbered(texts, first_line)], len(texts)
+
+
+def _sample_id_of(text: bytes) -> SampleId | None:
+    try:
+        return _IDS.decode(text).sample_id
+    except (msgspec.DecodeError, RecursionError):
+        return None
