@@ -201,7 +201,9 @@ def raise_for_status(response: httpx.Response, url: str) -> None:
 
 
 def _map_transport_error(exc: httpx.TransportError, url: str) -> RequestFailed:
-    if isinstance(exc, httpx.TimeoutException):
+    # httpx-aiohttp maps every aiohttp connection error (refused, reset, server disconnected)
+    # onto ConnectTimeout, so a connect-phase failure is a lost connection, not a slow reply.
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return RequestTimeout(f"timed out: {type(exc).__name__}", url)
     detail = str(exc) or type(exc).__name__
     return ConnectionLost(f"connection failed: {detail}", url)

@@ -1,0 +1,399 @@
+"""Typed parameters loaded from YAML files (msgspec structs; every error names the key).
+
+`load_yaml_params` turns any YAML mapping into a msgspec struct and reports problems as one
+line naming the file and the key path in the YAML's own spelling:
+
+    params/datasets.yaml: datasets[1].max_samples: expected int, got str
+    params/datasets.yaml: sampling.topp: unknown key (known: max_new_tokens, temperature, ...)
+    params/datasets.yaml: invalid YAML at line 7, column 3: mapping values are not allowed here
+
+`load_manifest` loads the dataset manifest of a generation job, checks what the types cannot
+(safe unique dataset names, a known model profile, files that exist) and resolves every path
+relative to the YAML file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+import yaml
+
+from workbench.errors import ConfigError
+from workbench.profiles import get_profile
+
+__all__ = [
+    "DATASET_NAME_PATTERN",
+    "DatasetSpec",
+    "InputMode",
+    "Manifest",
+    "Sampling",
+    "SamplingOverride",
+    "load_manifest",
+    "load_yaml_params",
+]
+
+T = TypeVar("T")
+
+DATASET_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+InputMode = Literal["input_ids", "text", "messages"]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class Sampling(msgspec.Struct, forbid_unknown_fields=True):
+    """Sampling parameters sent with every request."""
+
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: int = -1  # -1 (off) or >= 1: checked by load_manifest
+    max_new_tokens: Positive = 2048
+
+    def to_sglang(self) -> dict[str, float | int]:
+        """SGLang's `sampling_params`, every key explicit (newer servers fill unset keys from
+        the model's generation config)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+
+class SamplingOverride(msgspec.Struct, forbid_unknown_fields=True):
+    """A dataset's changes to the manifest's sampling; None inherits."""
+
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: int | None = None
+    max_new_tokens: Positive | None = None
+
+
+class DatasetSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """One dataset of the manifest.
+
+    After `load_manifest`, `path` and `tokenizer` are absolute (`tokenizer` falls back to the
+    manifest's) and `trust_remote_code` is true when the dataset or the manifest says so.
+    """
+
+    name: str
+    path: str
+    input: InputMode
+    id_field: str = "sample_id"
+    max_samples: Positive | None = None
+    max_tokens: Positive | None = None
+    sampling: SamplingOverride | None = None
+    chat_template_kwargs: dict[str, Any] = {}
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+
+
+class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
+    """The manifest YAML as written."""
+
+    model_profile: str
+    datasets: list[DatasetSpec]
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    """A loaded, checked dataset manifest; `source` is the YAML file it came from."""
+
+    source: str
+    model_profile: str
+    sampling: Sampling
+    datasets: list[DatasetSpec]
+    tokenizer: str | None = None
+
+    def dataset(self, name: str) -> DatasetSpec:
+        """The dataset called `name`, or a ConfigError listing the known names."""
+        for ds in self.datasets:
+            if ds.name == name:
+                return ds
+        known = ", ".join(ds.name for ds in self.datasets)
+        raise ConfigError("datasets", f"no dataset named {name!r} (known: {known})", self.source)
+
+    def sampling_for(self, ds: DatasetSpec) -> Sampling:
+        """The manifest's sampling with the dataset's overrides applied."""
+        if ds.sampling is None:
+            return self.sampling
+        changes = {
+            field: value
+            for field in ds.sampling.__struct_fields__
+            if (value := getattr(ds.sampling, field)) is not None
+        }
+        return msgspec.structs.replace(self.sampling, **changes)
+
+
+# ------------------------------------------------------------------------------ YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key repeated in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if (
+                not isinstance(key_node, yaml.ScalarNode)
+                or key_node.tag == "tag:yaml.org,2002:merge"
+            ):
+                continue
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                )
+            seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+
+def _read_yaml_mapping(path: Path, source: str) -> dict[str, Any]:
+    """The file's top-level mapping, or a ConfigError naming the file (and line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("", "file not found", source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read the file: {exc}", source) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError("", _yaml_error_message(exc), source) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"invalid YAML: {exc}", source) from None
+    if data is None:
+        raise ConfigError("", "empty file: expected a mapping of keys", source)
+    if not isinstance(data, dict):
+        raise ConfigError("", f"expected a mapping of keys, got {_yaml_kind(data)}", source)
+    return data
+
+
+def _yaml_error_message(exc: yaml.MarkedYAMLError) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"invalid YAML{where}: {exc.problem or exc.context}"
+
+
+def _yaml_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return type(value).__name__
+
+
+def load_yaml_params(path: str | Path, struct_type: type[T], *, source: str | None = None) -> T:
+    """Load a YAML mapping into `struct_type`.
+
+    `source` is how messages name the file (default: `path` as given). Type errors, values out
+    of range, missing and unknown keys raise a ConfigError naming the key path.
+    """
+    source = source if source is not None else str(path)
+    data = _read_yaml_mapping(Path(path), source)
+    try:
+        return msgspec.convert(data, struct_type, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise _config_error(str(exc), data, struct_type, source) from None
+
+
+# ------------------------------------------------------------------- msgspec messages
+
+_AT = re.compile(r"^(?P<head>.*?) - at `(?P<keypos>key` in `)?\$(?P<path>[^`]*)`$")
+_PATH_PART = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
+_EXPECTED = re.compile(r"^Expected `(?P<want>[^`]+)`(?:, got `(?P<got>[^`]+)`)?(?P<rest>.*)$")
+_FIELD = re.compile(r"^Object (?P<what>missing required|contains unknown) field `(?P<name>[^`]+)`$")
+_ENUM = re.compile(r"^Invalid enum value (?P<value>.+)$")
+_TYPE_NAMES = {"object": "mapping", "array": "list"}
+
+
+def _config_error(message: str, data: Any, struct_type: type, source: str) -> ConfigError:
+    """A msgspec validation message turned into a ConfigError in the YAML's terms."""
+    match = _AT.match(message)
+    head, path_text = (match["head"], match["path"]) if match else (message, "")
+    parts = _parse_path(path_text)
+    if match and match["keypos"]:
+        bad = next(k for k in _value_at(data, parts) if not isinstance(k, str))
+        return ConfigError(_format_path(parts), f"key {bad!r} must be a string", source)
+    field = _FIELD.match(head)
+    if field:
+        key = _format_path([*parts, field["name"]])
+        if field["what"] == "missing required":
+            return ConfigError(key, "missing required key", source)
+        known = ", ".join(_known_keys(struct_type, parts))
+        return ConfigError(key, f"unknown key (known: {known})", source)
+    enum = _ENUM.match(head)
+    if enum:
+        allowed = ", ".join(_literal_values(struct_type, parts))
+        return ConfigError(
+            _format_path(parts),
+            f"invalid value {enum['value']} (expected one of: {allowed})",
+            source,
+        )
+    return ConfigError(_format_path(parts), _describe(head, _value_at(data, parts)), source)
+
+
+def _describe(head: str, value: Any) -> str:
+    """'Expected `int | null`, got `str`' -> 'expected int, got str'; constraint failures get
+    the offending value appended."""
+    expected = _EXPECTED.match(head)
+    if not expected:
+        return head[:1].lower() + head[1:]
+    want = " or ".join(_TYPE_NAMES.get(t, t) for t in expected["want"].split(" | ") if t != "null")
+    if expected["got"]:
+        return f"expected {want or 'null'}, got {_TYPE_NAMES.get(expected['got'], expected['got'])}"
+    return f"expected {want}{expected['rest']}, got {value!r}"
+
+
+def _parse_path(text: str) -> list[str | int]:
+    return [name if name else int(index) for name, index in _PATH_PART.findall(text)]
+
+
+def _format_path(parts: list[str | int]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _value_at(data: Any, parts: list[str | int]) -> Any:
+    for part in parts:
+        data = data[part]
+    return data
+
+
+def _type_at(struct_type: type, parts: list[str | int]) -> msgspec.inspect.Type:
+    """The msgspec type found at a key path (optional types unwrapped)."""
+    current = msgspec.inspect.type_info(struct_type)
+    for part in parts:
+        current = _unwrap(current)
+        if isinstance(part, int) and isinstance(current, msgspec.inspect.ListType):
+            current = current.item_type
+        elif isinstance(current, msgspec.inspect.StructType):
+            current = next(f.type for f in current.fields if f.encode_name == part)
+    return _unwrap(current)
+
+
+def _unwrap(info: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    if isinstance(info, msgspec.inspect.UnionType):
+        kept = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
+        return kept[0] if len(kept) == 1 else info
+    return info
+
+
+def _known_keys(struct_type: type, parts: list[str | int]) -> list[str]:
+    info = _type_at(struct_type, parts)
+    fields = info.fields if isinstance(info, msgspec.inspect.StructType) else ()
+    return sorted(f.encode_name for f in fields)
+
+
+def _literal_values(struct_type: type, parts: list[str | int]) -> list[str]:
+    info = _type_at(struct_type, parts)
+    values = info.values if isinstance(info, msgspec.inspect.LiteralType) else ()
+    return [str(v) for v in values]
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Load and check a dataset manifest; dataset and tokenizer paths come back absolute."""
+    source = str(path)
+    raw = load_yaml_params(path, _ManifestFile, source=source)
+    base = Path(path).resolve().parent
+    _check_profile(raw.model_profile, source)
+    _check_sampling(raw.sampling, "sampling", source)
+    _check_names(raw.datasets, source)
+    top = msgspec.structs.replace(
+        raw, tokenizer=_resolve_dir(raw.tokenizer, base, "tokenizer", source)
+    )
+    datasets = [_resolve_dataset(ds, i, top, base, source) for i, ds in enumerate(top.datasets)]
+    return Manifest(
+        source=source,
+        model_profile=top.model_profile,
+        sampling=top.sampling,
+        datasets=datasets,
+        tokenizer=top.tokenizer,
+    )
+
+
+def _check_profile(name: str, source: str) -> None:
+    try:
+        get_profile(name)
+    except ConfigError as exc:
+        message = str(exc).removeprefix(f"{exc.key}: ")
+        raise ConfigError("model_profile", message, source) from None
+
+
+def _check_sampling(sampling: Sampling | SamplingOverride, key: str, source: str) -> None:
+    top_k = sampling.top_k
+    if top_k is not None and top_k != -1 and top_k < 1:
+        raise ConfigError(f"{key}.top_k", f"expected -1 (off) or an int >= 1, got {top_k}", source)
+
+
+def _check_names(datasets: list[DatasetSpec], source: str) -> None:
+    if not datasets:
+        raise ConfigError("datasets", "at least one dataset is needed", source)
+    first_index: dict[str, int] = {}
+    for i, ds in enumerate(datasets):
+        if not DATASET_NAME_PATTERN.fullmatch(ds.name):
+            raise ConfigError(
+                f"datasets[{i}].name",
+                f"{ds.name!r} is not a safe directory name (letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit, at most 128 characters)",
+                source,
+            )
+        if ds.name in first_index:
+            raise ConfigError(
+                f"datasets[{i}].name",
+                f"duplicate name {ds.name!r} (also datasets[{first_index[ds.name]}])",
+                source,
+            )
+        first_index[ds.name] = i
+
+
+def _resolve_dataset(
+    ds: DatasetSpec, i: int, top: _ManifestFile, base: Path, source: str
+) -> DatasetSpec:
+    """The dataset with absolute paths and the top level's defaults, after the checks that
+    need the manifest around it (`top.tokenizer` is already resolved)."""
+    key = f"datasets[{i}]"
+    if ds.sampling is not None:
+        _check_sampling(ds.sampling, f"{key}.sampling", source)
+    if ds.chat_template_kwargs and ds.input != "messages":
+        raise ConfigError(f"{key}.chat_template_kwargs", "only applies to input 'messages'", source)
+    ds_tokenizer = _resolve_dir(ds.tokenizer, base, f"{key}.tokenizer", source) or top.tokenizer
+    if ds.input == "messages" and ds_tokenizer is None:
+        raise ConfigError(
+            f"{key}.tokenizer",
+            "input 'messages' needs a tokenizer (set it here or at the top level)",
+            source,
+        )
+    data_path = _resolve(ds.path, base)
+    if not data_path.is_file():
+        raise ConfigError(f"{key}.path", f"file not found: {data_path}", source)
+    return msgspec.structs.replace(
+        ds,
+        path=str(data_path),
+        tokenizer=ds_tokenizer,
+        trust_remote_code=ds.trust_remote_code or top.trust_remote_code,
+    )
+
+
+def _resolve(path: str, base: Path) -> Path:
+    """`path` with `~` expanded, relative to `base` unless absolute."""
+    return (base / Path(path).expanduser()).resolve()
+
+
+def _resolve_dir(path: str | None, base: Path, key: str, source: str) -> str | None:
+    if path is None:
+        return None
+    resolved = _resolve(path, base)
+    if not resolved.is_dir():
+        raise ConfigError(key, f"directory not found: {resolved}", source)
+    return str(resolved)

@@ -1,0 +1,297 @@
+"""Prompt loading: JSONL or Parquet datasets in three input modes.
+
+Each row holds an id (`DatasetSpec.id_field`, int or str, unique) and one input field named
+after the dataset's input mode:
+
+    input_ids   a non-empty list of token ids in [0, vocab_size) of the model profile
+    text        a non-empty string, sent as is (the server tokenizes it)
+    messages    a non-empty list of {role, content} objects; the tokenizer's chat template is
+                applied here, with add_generation_prompt=True and the dataset's
+                chat_template_kwargs (e.g. {thinking: true}), and the ids are sent
+
+A bad row raises a DataError naming the file and the line (JSONL) or the row (Parquet, 1-based).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from workbench.config import DatasetSpec
+from workbench.errors import ConfigError, DataError
+from workbench.profiles import ModelProfile
+
+__all__ = ["Prompt", "encode_messages", "estimate_text_tokens", "load_prompts", "load_tokenizer"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+INSTALL_HINT = "pip install 'workbench[tokenizers]'"
+
+
+class Prompt(msgspec.Struct):
+    """One prepared prompt: token ids, or text for the `text` input mode.
+
+    `prompt_tokens` is len(input_ids), or for text an estimate (`estimate_text_tokens`); the
+    runner uses it only to send long prompts under the long-prompt concurrency limit.
+    """
+
+    sample_id: int | str
+    input_ids: list[int] | None
+    text: str | None
+    prompt_tokens: int
+
+
+class _Row(msgspec.Struct):
+    """A decoded row and where it came from, for error messages."""
+
+    path: str
+    number: int
+    unit: str  # "line" (JSONL) or "row" (Parquet)
+    data: Mapping[str, Any]
+
+    def error(self, message: str) -> DataError:
+        prefix = f"row {self.number}: " if self.unit == "row" else ""
+        return DataError(self.path, prefix + message, self.number)
+
+
+def estimate_text_tokens(text: str) -> int:
+    """A rough token count for text: one token per four UTF-8 bytes, plus one."""
+    return len(text.encode()) // 4 + 1
+
+
+def load_prompts(
+    spec: DatasetSpec, profile: ModelProfile, *, limit: int | None = None
+) -> list[Prompt]:
+    """The dataset's prompts in file order.
+
+    At most `limit` prompts are read, or `spec.max_samples` when `limit` is None; rows after
+    the last one needed are not read.
+    """
+    limit = spec.max_samples if limit is None else limit
+    make = _PromptMaker(spec, profile)
+    prompts: list[Prompt] = []
+    first_seen: dict[int | str, int] = {}
+    for row in itertools.islice(_iter_rows(spec), limit):
+        sample_id = _sample_id(row, spec.id_field)
+        if sample_id in first_seen:
+            first = f"{row.unit} {first_seen[sample_id]}"
+            raise row.error(f"duplicate {spec.id_field} {sample_id!r} (first at {first})")
+        first_seen[sample_id] = row.number
+        if spec.input not in row.data:
+            raise row.error(f"missing {spec.input!r}")
+        prompts.append(make(sample_id, row.data[spec.input], row))
+    return prompts
+
+
+def _sample_id(row: _Row, id_field: str) -> int | str:
+    if id_field not in row.data:
+        raise row.error(f"missing {id_field!r}")
+    value = row.data[id_field]
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise row.error(f"{id_field} must be an int or a string, got {_kind(value)}")
+    return value
+
+
+# --------------------------------------------------------------------------- input modes
+
+
+class _PromptMaker:
+    """Turns a row's input field into a Prompt, for the dataset's input mode."""
+
+    def __init__(self, spec: DatasetSpec, profile: ModelProfile) -> None:
+        self.mode = spec.input
+        self.profile = profile
+        self.template_kwargs = spec.chat_template_kwargs
+        self.tokenizer: Any = None
+        if spec.input == "messages":
+            if spec.tokenizer is None:
+                message = f"dataset {spec.name!r} has input 'messages' but no tokenizer"
+                raise ConfigError("tokenizer", message)
+            self.tokenizer = load_tokenizer(
+                spec.tokenizer, trust_remote_code=spec.trust_remote_code
+            )
+
+    def __call__(self, sample_id: int | str, value: Any, row: _Row) -> Prompt:
+        if self.mode == "text":
+            if not isinstance(value, str) or not value:
+                raise row.error(f"text must be a non-empty string, got {_kind(value)}")
+            return Prompt(sample_id, None, value, estimate_text_tokens(value))
+        if self.mode == "messages":
+            value = self._encode(value, row)
+        _check_ids(value, row, self.profile, self.mode)
+        return Prompt(sample_id, value, None, len(value))
+
+    def _encode(self, messages: Any, row: _Row) -> list[int]:
+        _check_messages(messages, row)
+        from jinja2 import TemplateError
+
+        try:
+            return encode_messages(self.tokenizer, messages, self.template_kwargs)
+        except (TemplateError, ValueError, TypeError) as exc:
+            raise row.error(f"the chat template failed: {exc}") from None
+
+
+def _check_ids(value: Any, row: _Row, profile: ModelProfile, mode: str) -> None:
+    """A non-empty list of ints within the profile's vocabulary (C-speed on the good path)."""
+    what = "input_ids" if mode == "input_ids" else "the chat template's output"
+    if not isinstance(value, list) or not value:
+        raise row.error(f"{what} must be a non-empty list of ints, got {_kind(value)}")
+    try:
+        msgspec.convert(value, list[int])
+        in_range = min(value) >= 0 and max(value) < profile.vocab_size
+    except msgspec.ValidationError:
+        in_range = False
+    if in_range:
+        return
+    for i, token in enumerate(value):
+        if type(token) is not int:
+            raise row.error(f"{what}[{i}] must be an int, got {_kind(token)}")
+        if not 0 <= token < profile.vocab_size:
+            raise row.error(
+                f"{what}[{i}]: token id {token} is outside [0, {profile.vocab_size}) "
+                f"of model profile {profile.name!r}"
+            )
+
+
+def _check_messages(value: Any, row: _Row) -> None:
+    if not isinstance(value, list) or not value:
+        raise row.error(f"messages must be a non-empty list, got {_kind(value)}")
+    for i, message in enumerate(value):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise row.error(f"messages[{i}] must be an object with string 'role' and 'content'")
+
+
+def _kind(value: Any) -> str:
+    """A value's type in JSON terms, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    return {bool: "a boolean", int: "an int", float: "a float", dict: "an object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# --------------------------------------------------------------------------- file readers
+
+
+def _iter_rows(spec: DatasetSpec) -> Iterator[_Row]:
+    if spec.path.endswith(PARQUET_SUFFIXES):
+        return _parquet_rows(spec.path, [spec.id_field, spec.input])
+    return _jsonl_rows(spec.path)
+
+
+def _jsonl_rows(path: str) -> Iterator[_Row]:
+    """Objects of a JSONL file with their line numbers; blank lines are skipped."""
+    with _open(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = msgspec.json.decode(line)
+            except msgspec.DecodeError as exc:
+                raise DataError(path, f"invalid JSON: {exc}", number) from None
+            if not isinstance(data, dict):
+                raise DataError(path, f"expected a JSON object, got {_kind(data)}", number)
+            yield _Row(path, number, "line", data)
+
+
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise DataError(path, f"cannot read the file: {exc.strerror or exc}") from None
+
+
+def _parquet_rows(path: str, columns: list[str]) -> Iterator[_Row]:
+    """Rows of a Parquet file (the id and input columns only), numbered from 1."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+        raise DataError(path, f"cannot read the Parquet file: {exc}") from None
+    missing = [name for name in columns if name not in parquet.schema_arrow.names]
+    if missing:
+        found = ", ".join(parquet.schema_arrow.names)
+        raise DataError(path, f"missing column {missing[0]!r} (columns: {found})")
+    number = 0
+    for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+        for data in batch.to_pylist():
+            number += 1
+            yield _Row(path, number, "row", data)
+
+
+# ------------------------------------------------------------------------------ tokenizer
+
+
+def encode_messages(
+    tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]
+) -> list[int]:
+    """Token ids of `messages` through the tokenizer's chat template, generation prompt added.
+
+    transformers 5 returns a BatchEncoding (a mapping with `input_ids`), 4.x a list of ids.
+    """
+    result = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, **kwargs
+    )
+    ids = result["input_ids"] if isinstance(result, Mapping) else result
+    return list(ids)
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
+    """A Hugging Face tokenizer from a local directory, loaded once per directory.
+
+    `trust_remote_code` runs the directory's own tokenizer code (Kimi-K2.5's tiktoken tokenizer
+    needs it). ConfigError when transformers is missing or the directory holds no tokenizer.
+    """
+    return _load_tokenizer(str(Path(path).expanduser().resolve()), trust_remote_code)
+
+
+@functools.cache
+def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
+    if not Path(path).is_dir():
+        raise ConfigError("tokenizer", f"directory not found: {path}")
+    auto_tokenizer = _auto_tokenizer()
+    try:
+        return auto_tokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except Exception as exc:  # the Rust backend and a model's own tokenizer code raise anything
+        raise ConfigError("tokenizer", f"cannot load a tokenizer from {path}: {exc}") from None
+
+
+def _auto_tokenizer() -> Any:
+    """transformers.AutoTokenizer, imported without its "PyTorch was not found" banner."""
+    try:
+        with _environ(TRANSFORMERS_NO_ADVISORY_WARNINGS="1"):
+            from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(
+            "tokenizer", f"input 'messages' needs transformers: {INSTALL_HINT}"
+        ) from None
+    return AutoTokenizer
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the duration of the block (kept when already set)."""
+    added = [name for name in values if name not in os.environ]
+    os.environ.update({name: values[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
