@@ -1,0 +1,646 @@
+"""The live terminal monitor of a run directory, and the alerts it raises.
+
+Each frame refreshes a :class:`~workbench.stats.StatsCollector` (only appended bytes are
+read) and, with a server URL, reads ``/metrics`` (``/server_info`` when metrics are off).
+Everything below the :class:`Monitor` is pure: :func:`build_state` turns figures into
+statuses and :func:`alerts`, :func:`render_frame` and :func:`render_rich` draw them.
+
+Dataset status:
+
+    done      records plus failed ids reach the target, or the token budget is reached
+    running   its raw or errors file holds lines and was written within ``stale_after`` s
+    stale     it holds lines, was written since the run started (run.json "updated") but not
+              within ``stale_after`` s, and the run is active
+    idle      anything else: nothing written yet, or written only by an earlier run, or
+              the run is not active
+
+The run is active when any file of the run was written within ``stale_after`` seconds,
+when run.json was written that recently (a run that just started), or when the polled
+server's token or request counters advanced since its baseline reading (up to a minute
+earlier; its gauges keep their last value when it idles, so they are not used).
+
+Alerts (one line each, ``ALERT <dataset or server>: <cause>``):
+
+    schema_drift        a count missing in the most recent records read
+    stale_writer        a dataset is stale
+    error_rate          failed attempts over the threshold share of the recent window
+    truncation          ``length`` finishes over the threshold share of the recent records
+    bad_lines           unreadable lines in raw_responses.jsonl
+    server_unreachable  no connection to the server (or it answers with errors)
+    server_saturated    token usage at the top while the queue grows between two polls
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench.metrics import MetricsSnapshot, cache_hit_rate, generation_rate, parse_metrics
+from workbench.stats import (
+    DEFAULT_WINDOW,
+    DatasetStats,
+    RunStats,
+    StatsCollector,
+    format_count,
+    format_duration,
+    format_table,
+)
+
+if TYPE_CHECKING:
+    import httpx
+    from rich.console import Console, RenderableType
+
+    from workbench.client import SGLangClient
+
+__all__ = [
+    "STATUSES",
+    "Alert",
+    "Monitor",
+    "MonitorState",
+    "ServerState",
+    "Thresholds",
+    "alerts",
+    "build_state",
+    "dataset_status",
+    "render_frame",
+    "render_rich",
+    "run_is_active",
+    "run_monitor",
+    "server_line",
+]
+
+STATUSES = ("running", "done", "idle", "stale")
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a status turns stale and when an alert fires."""
+
+    stale_after: float = 120.0
+    error_rate: float = 0.10
+    min_errors: int = 5
+    truncation_rate: float = 0.25
+    min_finished: int = 20
+    token_usage: float = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One problem: the dataset (or "server") it concerns, a cause key and a message."""
+
+    subject: str
+    cause: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"ALERT {self.subject}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """The result of one server poll.
+
+    ``previous`` is the reading of the poll before, ``baseline`` the oldest kept reading
+    (rates and the cache hit rate are taken over the interval since it); ``info`` holds a
+    few ``/server_info`` values when the server runs without metrics.
+    """
+
+    url: str
+    reachable: bool
+    error: str | None = None
+    metrics: MetricsSnapshot | None = None
+    previous: MetricsSnapshot | None = None
+    baseline: MetricsSnapshot | None = None
+    info: Mapping[str, Any] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the server's counters advanced since the baseline reading.
+
+        Not the gauges: SGLang sets them when it logs, so an idle server keeps showing its
+        last load. One reading alone says nothing.
+        """
+        current, baseline = self.metrics, self.baseline
+        if current is None or baseline is None:
+            return False
+        pairs = ((current.generation_tokens, baseline.generation_tokens),
+                 (current.requests, baseline.requests))
+        return any(now is not None and then is not None and now > then for now, then in pairs)
+
+    @property
+    def gen_rate(self) -> float | None:
+        """Generated tok/s from the counters, else the server's own gauge."""
+        if self.metrics is None:
+            return None
+        rate = generation_rate(self.metrics, self.baseline)
+        return rate if rate is not None else self.metrics.gen_throughput
+
+    @property
+    def cache_hit(self) -> float | None:
+        return None if self.metrics is None else cache_hit_rate(self.metrics, self.baseline)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorState:
+    """Everything one frame shows."""
+
+    stats: RunStats
+    statuses: Mapping[str, str]
+    run_active: bool
+    server: ServerState | None
+    alerts: tuple[Alert, ...]
+    thresholds: Thresholds
+
+    @property
+    def now(self) -> float:
+        return self.stats.now
+
+
+# --- statuses --------------------------------------------------------------------------------
+
+
+def _last_write(ds: DatasetStats) -> float | None:
+    times = [t for t in (ds.last_write, ds.last_error_write) if t is not None]
+    return max(times) if times else None
+
+
+def _run_started(stats: RunStats) -> float | None:
+    """When the current run wrote run.json ("updated"), if known."""
+    updated = stats.manifest.get("updated")
+    return float(updated) if isinstance(updated, (int, float)) else None
+
+
+def run_is_active(stats: RunStats, server: ServerState | None, stale_after: float) -> bool:
+    """Whether a run seems to be going on (see the module docstring)."""
+    recent = [_last_write(d) for d in stats.datasets.values()] + [_run_started(stats)]
+    if any(t is not None and stats.now - t <= stale_after for t in recent):
+        return True
+    return server is not None and server.busy
+
+
+def dataset_status(
+    ds: DatasetStats,
+    *,
+    now: float,
+    run_active: bool,
+    stale_after: float,
+    run_started: float | None = None,
+) -> str:
+    """running, done, idle or stale (see the module docstring)."""
+    if ds.finished:
+        return "done"
+    last = _last_write(ds)
+    if last is None or not (ds.records or ds.errors or ds.bad_lines or ds.torn_tail):
+        return "idle"
+    if now - last <= stale_after:
+        return "running"
+    written_this_run = run_started is None or last >= run_started
+    return "stale" if run_active and written_this_run else "idle"
+
+
+# --- alerts ----------------------------------------------------------------------------------
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}"
+
+
+def _schema_alerts(ds: DatasetStats) -> list[Alert]:
+    recent = ds.recent
+    found = []
+    for name, missing in (
+        ("completion_tokens", recent.missing_completion),
+        ("prompt_tokens", recent.missing_prompt),
+    ):
+        if missing:
+            found.append(
+                Alert(
+                    ds.name,
+                    "schema_drift",
+                    f"{name} missing in {missing}/{recent.rows} records "
+                    f"(most recent; layout {ds.layout})",
+                )
+            )
+    return found
+
+
+def _error_alert(ds: DatasetStats, th: Thresholds, window: float) -> Alert | None:
+    errors, records = ds.recent.window_errors, ds.recent.window_records
+    if errors < th.min_errors or errors / (errors + records) <= th.error_rate:
+        return None
+    share = _percent(errors, errors + records)
+    return Alert(
+        ds.name,
+        "error_rate",
+        f"error rate {share} in the last {format_duration(window)} "
+        f"({errors} errors, {records} records)",
+    )
+
+
+def _truncation_alert(ds: DatasetStats, th: Thresholds) -> Alert | None:
+    cut, finished = ds.recent.truncated, ds.recent.with_reason
+    if finished < th.min_finished or cut / finished <= th.truncation_rate:
+        return None
+    return Alert(
+        ds.name,
+        "truncation",
+        f"truncation rate {_percent(cut, finished)} "
+        f"(finish_reason length in {cut}/{finished} recent records)",
+    )
+
+
+def _stale_alert(ds: DatasetStats, status: str, now: float) -> Alert | None:
+    last = _last_write(ds)
+    if status != "stale" or last is None:
+        return None
+    return Alert(
+        ds.name,
+        "stale_writer",
+        f"writer stopped: no append for {format_duration(now - last)} "
+        f"while the run is active ({_done(ds)} done)",
+    )
+
+
+def _dataset_alerts(ds: DatasetStats, status: str, stats: RunStats, th: Thresholds) -> list[Alert]:
+    found = _schema_alerts(ds)
+    if ds.bad_lines:
+        found.append(
+            Alert(ds.name, "bad_lines", f"{ds.bad_lines} unreadable lines in raw_responses.jsonl")
+        )
+    optional = (
+        _stale_alert(ds, status, stats.now),
+        _error_alert(ds, th, stats.window),
+        _truncation_alert(ds, th),
+    )
+    return found + [alert for alert in optional if alert is not None]
+
+
+def _server_alerts(server: ServerState, th: Thresholds) -> list[Alert]:
+    if not server.reachable:
+        return [
+            Alert("server", "server_unreachable", f"unreachable at {server.url}: {server.error}")
+        ]
+    if server.error:
+        return [
+            Alert(
+                "server",
+                "server_unreachable",
+                f"{server.url} answers with an error: {server.error}",
+            )
+        ]
+    current, previous = server.metrics, server.previous
+    if current is None or previous is None or current.token_usage is None:
+        return []
+    if current.queued is None or previous.queued is None:
+        return []
+    if current.token_usage >= th.token_usage and current.queued > previous.queued:
+        return [
+            Alert(
+                "server",
+                "server_saturated",
+                f"token usage {current.token_usage:.0%} pinned at the top while the queue grows "
+                f"({previous.queued:.0f} -> {current.queued:.0f} queued)",
+            )
+        ]
+    return []
+
+
+def alerts(
+    stats: RunStats, statuses: Mapping[str, str], server: ServerState | None, thresholds: Thresholds
+) -> list[Alert]:
+    """Every alert of a frame: per dataset in order, then the server's."""
+    found: list[Alert] = []
+    for name, ds in stats.datasets.items():
+        found += _dataset_alerts(ds, statuses.get(name, "idle"), stats, thresholds)
+    if server is not None:
+        found += _server_alerts(server, thresholds)
+    return found
+
+
+def build_state(
+    stats: RunStats, server: ServerState | None, thresholds: Thresholds = Thresholds()
+) -> MonitorState:
+    """Statuses and alerts of one frame, from figures only."""
+    active = run_is_active(stats, server, thresholds.stale_after)
+    started = _run_started(stats)
+    statuses = {
+        name: dataset_status(
+            ds,
+            now=stats.now,
+            run_active=active,
+            stale_after=thresholds.stale_after,
+            run_started=started,
+        )
+        for name, ds in stats.datasets.items()
+    }
+    found = alerts(stats, statuses, server, thresholds)
+    return MonitorState(stats, statuses, active, server, tuple(found), thresholds)
+
+
+# --- drawing ---------------------------------------------------------------------------------
+
+_HEADERS = (
+    "dataset",
+    "status",
+    "done/target",
+    "errors",
+    "prompt tok",
+    "avg",
+    "completion tok",
+    "avg",
+    "tok/s",
+    "ETA",
+    "last write",
+)
+
+
+def _done(ds: DatasetStats) -> str:
+    target = "?" if ds.target_records is None else f"{ds.target_records:,}"
+    return f"{ds.records:,}/{target}"
+
+
+def _ago(now: float, when: float | None) -> str:
+    return "-" if when is None else f"{format_duration(max(0.0, now - when))} ago"
+
+
+def _tok_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _row(ds: DatasetStats, status: str, now: float) -> list[str]:
+    return [
+        ds.name,
+        status,
+        _done(ds),
+        format_count(ds.errors),
+        format_count(ds.prompt_tokens),
+        format_count(ds.avg_prompt_tokens),
+        format_count(ds.completion_tokens),
+        format_count(ds.avg_completion_tokens),
+        _tok_rate(ds.tokens_per_s),
+        "done" if ds.finished else format_duration(ds.eta_s),
+        _ago(now, ds.last_write),
+    ]
+
+
+def _rows(state: MonitorState) -> list[list[str]]:
+    stats = state.stats
+    rows = [_row(ds, state.statuses[name], stats.now) for name, ds in stats.datasets.items()]
+    total_status = "active" if state.run_active else "inactive"
+    rows.append(_row(stats.total, total_status, stats.now))
+    return rows
+
+
+def _header(state: MonitorState) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.now))
+    window = format_duration(state.stats.window)
+    return f"workbench monitor {state.stats.out}  {stamp}  (rates over the last {window})"
+
+
+def _server_url_hint(stats: RunStats) -> str:
+    url = stats.manifest.get("server_url")
+    return f"; the run used {url}" if isinstance(url, str) and url else ""
+
+
+def server_line(state: MonitorState) -> str:
+    """One line about the server: its load, its fallback info, or why it is not shown."""
+    server = state.server
+    if server is None:
+        return f"server: not polled (pass --server URL{_server_url_hint(state.stats)})"
+    if not server.reachable:
+        return f"server {server.url}: UNREACHABLE ({server.error})"
+    if server.error:
+        return f"server {server.url}: error ({server.error})"
+    if server.metrics is None:
+        info = _info_text(server.info or {})
+        return f"server {server.url}: metrics off (start it with --enable-metrics); {info}"
+    return f"server {server.url}: {_metrics_text(server)}"
+
+
+def _metrics_text(server: ServerState) -> str:
+    m = server.metrics
+    assert m is not None
+    parts = [f"{format_count(m.running)} running", f"{format_count(m.queued)} queued"]
+    parts.append("token usage -" if m.token_usage is None else f"token usage {m.token_usage:.0%}")
+    parts.append(f"gen {_tok_rate(server.gen_rate)} tok/s")
+    hit = server.cache_hit
+    parts.append("cache hit -" if hit is None else f"cache hit {hit:.0%}")
+    return ", ".join(parts)
+
+
+def _info_text(info: Mapping[str, Any]) -> str:
+    parts = []
+    if info.get("gen_throughput") is not None:
+        parts.append(f"gen {_tok_rate(info['gen_throughput'])} tok/s (last logged)")
+    if info.get("max_total_num_tokens") is not None:
+        parts.append(f"KV pool {format_count(info['max_total_num_tokens'])} tokens")
+    if info.get("max_running_requests") is not None:
+        parts.append(f"max running {info['max_running_requests']}")
+    if info.get("version"):
+        parts.append(f"version {info['version']}")
+    return "/server_info: " + (", ".join(parts) if parts else "no load figures")
+
+
+def render_frame(state: MonitorState) -> str:
+    """One frame as plain text: header, table, server line, then the alerts."""
+    lines = [_header(state), format_table(_HEADERS, _rows(state), left=2), server_line(state)]
+    lines += [str(alert) for alert in state.alerts] or ["no alerts"]
+    return "\n".join(lines)
+
+
+_STATUS_STYLES = {"running": "green", "done": "cyan", "idle": "dim", "stale": "bold red"}
+
+
+def render_rich(state: MonitorState) -> RenderableType:
+    """The same frame as a rich renderable (a table with colours)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=_header(state), title_justify="left", expand=False)
+    for index, name in enumerate(_HEADERS):
+        table.add_column(name, justify="left" if index < 2 else "right", no_wrap=True)
+    rows = _rows(state)
+    for index, row in enumerate(rows):
+        last = index == len(rows) - 1
+        cells = [
+            Text(c, style=_STATUS_STYLES.get(c, "") if i == 1 else "") for i, c in enumerate(row)
+        ]
+        table.add_row(*cells, end_section=index == len(rows) - 2, style="bold" if last else None)
+    lines: list[RenderableType] = [table, Text(server_line(state))]
+    lines += [Text(str(alert), style="bold red") for alert in state.alerts] or [
+        Text("no alerts", style="dim")
+    ]
+    return Group(*lines)
+
+
+# --- polling ---------------------------------------------------------------------------------
+
+
+def _info_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The few /server_info values shown when the server runs without metrics."""
+    states = info.get("internal_states")
+    rates = (
+        [s.get("last_gen_throughput") for s in states if isinstance(s, dict)]
+        if isinstance(states, list)
+        else []
+    )
+    numbers = [float(r) for r in rates if isinstance(r, (int, float))]
+    return {
+        "gen_throughput": sum(numbers) if numbers else None,
+        "max_total_num_tokens": info.get("max_total_num_tokens"),
+        "max_running_requests": info.get("max_running_requests"),
+        "version": info.get("version"),
+    }
+
+
+class Monitor:
+    """A run directory's collector and, optionally, a server client, polled with one clock.
+
+    ``clock`` returns wall time (record timestamps are wall time); readings of the server
+    older than ``rate_window`` seconds are dropped, the oldest kept one is the baseline of
+    the rates shown.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        client: SGLangClient | None = None,
+        clock: Callable[[], float] = time.time,
+        thresholds: Thresholds = Thresholds(),
+        window: float = DEFAULT_WINDOW,
+        rate_window: float = 60.0,
+    ) -> None:
+        self.collector = StatsCollector(out, window=window, clock=clock)
+        self.client = client
+        self.clock = clock
+        self.thresholds = thresholds
+        self.rate_window = rate_window
+        self._readings: deque[MetricsSnapshot] = deque()
+
+    async def poll(self) -> MonitorState:
+        """Refresh the figures, poll the server, and return the frame's state."""
+        now = self.clock()
+        stats = self.collector.refresh(now)
+        server = await self.poll_server(now) if self.client is not None else None
+        return build_state(stats, server, self.thresholds)
+
+    async def poll_server(self, now: float) -> ServerState:
+        """Read /metrics (or /server_info when metrics are off); failures become the state."""
+        from workbench.client import redact_url
+        from workbench.errors import ConnectionLost, RequestTimeout, ServerError, ServerUnreachable
+
+        assert self.client is not None
+        url = redact_url(self.client.base_url)
+        try:
+            text = await self.client.metrics()
+            if text is None:
+                return ServerState(url, True, info=_info_summary(await self.client.server_info()))
+            reading = parse_metrics(text, at=now)
+        except (ConnectionLost, RequestTimeout, ServerUnreachable) as exc:
+            return ServerState(url, False, error=str(exc))
+        except ServerError as exc:
+            return ServerState(url, True, error=str(exc))
+        except ValueError as exc:
+            return ServerState(url, True, error=f"/metrics unreadable: {exc}")
+        return self._with_history(url, reading, now)
+
+    def _with_history(self, url: str, reading: MetricsSnapshot, now: float) -> ServerState:
+        previous = self._readings[-1] if self._readings else None
+        while self._readings and now - (self._readings[0].at or now) > self.rate_window:
+            self._readings.popleft()
+        baseline = self._readings[0] if self._readings else None
+        self._readings.append(reading)
+        return ServerState(url, True, metrics=reading, previous=previous, baseline=baseline)
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def _client(server: str, transport: httpx.AsyncBaseTransport | None) -> SGLangClient:
+    import httpx
+
+    from workbench.client import SGLangClient, api_key_from_env
+
+    return SGLangClient(
+        server, api_key=api_key_from_env(), transport=transport, timeout=httpx.Timeout(5.0)
+    )
+
+
+async def _watch(monitor: Monitor, console: Console, interval: float | None, live: bool) -> None:
+    """One frame (interval None), frames as text, or a live dashboard, until interrupted."""
+    if interval is None:
+        console.out(render_frame(await monitor.poll()), highlight=False)
+        return
+    if not live:
+        while True:
+            console.out(render_frame(await monitor.poll()) + "\n", highlight=False)
+            await asyncio.sleep(interval)
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False, transient=False) as view:
+        while True:
+            view.update(render_rich(await monitor.poll()), refresh=True)
+            await asyncio.sleep(interval)
+
+
+async def _monitor(
+    out: Path,
+    server: str | None,
+    interval: float | None,
+    live: bool,
+    console: Console,
+    transport: httpx.AsyncBaseTransport | None,
+    clock: Callable[[], float],
+    thresholds: Thresholds,
+) -> None:
+    client = _client(server, transport) if server else None
+    try:
+        monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds)
+        await _watch(monitor, console, interval, live)
+    finally:
+        if client is not None:
+            await client.aclose()
+
+
+def run_monitor(
+    out: str | Path,
+    server: str | None = None,
+    interval: float | None = None,
+    once: bool = False,
+    console: Console | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.time,
+    thresholds: Thresholds = Thresholds(),
+) -> int:
+    """``workbench monitor``: a live dashboard on a terminal, else plain-text frames.
+
+    ``once`` prints one frame and returns. Without a terminal, no ``interval`` means once;
+    with one, a frame every ``interval`` seconds (2 by default on a terminal). Returns 0,
+    also when stopped with Ctrl-C; a bad directory raises InputError.
+    """
+    from rich.console import Console
+
+    from workbench.errors import ConfigError, InputError
+
+    if interval is not None and interval <= 0:
+        raise ConfigError("--interval", f"must be positive, got {interval:g}")
+    console = console if console is not None else Console()
+    live = console.is_terminal and not once
+    if once or (not live and interval is None):
+        every = None
+    else:
+        every = interval if interval is not None else 2.0
+    if not Path(out).is_dir():
+        raise InputError(f"{out}: not a run directory (no such directory)")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_monitor(Path(out), server, every, live, console, transport, clock, thresholds))
+    return 0
