@@ -1,0 +1,117 @@
+"""How fast `workbench validate` checks every output id of a run, in MB of records per second.
+
+    python bench/validate.py [--size-mb 200] [--repeat 3] [--workers N]
+
+The run is one dataset of bench/common.py's realistic Kimi-K2.5 records (cached in
+bench/data/, with a matching prompts.jsonl). Figures are the best of ``--repeat`` runs with the
+files in the page cache: the reader alone (records.iter_blocks with output ids, the floor any
+validation pays), validation in this process, and validation with worker processes (the
+default). Target: the default at least 150 MB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from common import DATA_DIR, MB, records_file
+
+from workbench.records import (
+    PROMPTS_FILE,
+    RAW_FILE,
+    PromptRecord,
+    encode_line,
+    iter_blocks,
+    read_rows,
+)
+from workbench.validate import SCAN_BLOCK_BYTES, validate_run
+
+TARGET_MB_S = 150.0
+DATASET = "bench"
+
+
+def bench_run(size_mb: float, *, seed: int = 0) -> Path:
+    """A cached run directory: run.json and one dataset of records with their prompts."""
+    out = DATA_DIR / f"run-{size_mb:g}MB-seed{seed}"
+    folder = out / DATASET
+    if (folder / PROMPTS_FILE).exists():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / RAW_FILE
+    if not raw.exists():
+        try:
+            os.link(records_file(size_mb, seed=seed), raw)
+        except OSError:
+            raw.symlink_to(records_file(size_mb, seed=seed))
+    _write_prompts(raw, folder / PROMPTS_FILE, seed)
+    manifest = {"model_profile": "kimi-k2.5",
+                "datasets": {DATASET: {"input": "input_ids", "chat_template_kwargs": {}}}}
+    (out / "run.json").write_text(json.dumps(manifest))
+    return out
+
+
+def _write_prompts(raw: Path, path: Path, seed: int) -> None:
+    """One prompt per record, as many ids as the record's prompt_tokens."""
+    rows, _ = read_rows(raw)
+    rng = np.random.default_rng(seed + 1)
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb", buffering=1 << 20) as file:
+        for row in rows:
+            ids = rng.integers(100, 160000, size=row.prompt_tokens or 16).tolist()
+            file.write(encode_line(PromptRecord(sample_id=row.sample_id or 0, input_ids=ids)))
+    os.replace(partial, path)
+
+
+def read_only(run: Path) -> None:
+    for _ in iter_blocks(run / DATASET / RAW_FILE, with_output_ids=True,
+                         block_bytes=SCAN_BLOCK_BYTES):
+        pass
+
+
+def best_seconds(action: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=200.0, help="records file size (200)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (3)")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (CPU count)")
+    args = parser.parse_args(argv)
+
+    run = bench_run(args.size_mb)
+    raw = run / DATASET / RAW_FILE
+    megabytes = raw.stat().st_size / MB
+    report = validate_run(run, workers=1)  # also warms the page cache
+    records = report.datasets[DATASET].records
+    print(f"run: {run} ({megabytes:.1f} MB of records, {records:,} records, "
+          f"{os.cpu_count()} CPUs)")
+    rules = ", ".join(f"{f.rule} {f.count}" for f in report.datasets[DATASET].findings)
+    print(f"findings: {rules or 'none'}")
+
+    figures = {
+        "reader only (iter_blocks with output ids)": lambda: read_only(run),
+        "validate_run, in this process": lambda: validate_run(run, workers=1),
+        "validate_run, worker processes": lambda: validate_run(run, workers=args.workers),
+    }
+    rate = 0.0
+    for label, action in figures.items():
+        rate = megabytes / best_seconds(action, args.repeat)
+        print(f"{label:<44} {rate:8.0f} MB/s")
+    verdict = "PASS" if rate >= TARGET_MB_S else "MISS"
+    print(f"{'validation (worker processes)':<44} {rate:8.0f} MB/s   "
+          f"target >= {TARGET_MB_S:g}   {verdict}")
+
+
+if __name__ == "__main__":
+    main()

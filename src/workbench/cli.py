@@ -1,0 +1,355 @@
+"""The `workbench` command: a thin shell over the functions the notebooks call too.
+
+Expected failures (bad input, an unreachable server, a server that will not start) print
+one line `workbench: error: ...` and exit 2, never a traceback. Imports are lazy so that a
+quick verb does not pay for the whole stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.runner import Runner, RunSummary
+
+__all__ = ["main"]
+
+EXIT_INPUT = 2
+
+
+def _err(message: str) -> None:
+    print(f"workbench: error: {message}", file=sys.stderr, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+# --------------------------------------------------------------------------- sim
+def _add_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from workbench.sim.config import add_sim_arguments
+
+    parser = sub.add_parser("sim", help="run the SGLang-compatible simulator",
+                            description="Serve SGLang's HTTP API from a simulated GPU server.")
+    add_sim_arguments(parser)
+    parser.set_defaults(func=_cmd_sim)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from workbench.sim.app import serve
+    from workbench.sim.config import config_from_args
+
+    serve(config_from_args(args))
+    return 0
+
+
+# --------------------------------------------------------------------------- generate
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("generate", help="send a dataset manifest's prompts to a server",
+                       description="Generate responses for every dataset of a manifest; resumable.")
+    p.add_argument("--datasets", required=True, type=Path, help="dataset manifest YAML")
+    p.add_argument("--server", required=True, help="SGLang server or sglang-router URL")
+    p.add_argument("--out", required=True, type=Path, help="output directory of the run")
+    p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
+    p.add_argument("--concurrency", type=_positive_int, default=150, help="requests in flight (150)")
+    p.add_argument("--long-concurrency", type=_positive_int, default=16,
+                   help="requests in flight with long prompts (16)")
+    p.add_argument("--long-threshold", type=_positive_int, default=4096,
+                   help="prompt tokens above which a prompt is long (4096)")
+    p.add_argument("--max-samples", type=_positive_int, help="prompts per dataset at most")
+    p.add_argument("--max-tokens-per-dataset", type=_positive_int,
+                   help="completion-token budget per dataset")
+    p.add_argument("--max-new-tokens", type=_positive_int, help="override sampling.max_new_tokens")
+    p.add_argument("--max-attempts", type=_positive_int, default=5, help="attempts per prompt (5)")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start over (existing outputs are moved aside, never deleted)")
+    p.add_argument("--force", action="store_true",
+                   help="resume even though the model or sampling parameters changed")
+    p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after Ctrl-C (30)")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _options_from_args(args: argparse.Namespace) -> Any:
+    from workbench.runner import GenerateOptions
+
+    return GenerateOptions(
+        concurrency=args.concurrency, long_concurrency=args.long_concurrency,
+        long_threshold=args.long_threshold, only=args.only, max_samples=args.max_samples,
+        max_tokens_per_dataset=args.max_tokens_per_dataset, max_new_tokens=args.max_new_tokens,
+        resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
+        progress_interval=args.progress_interval, grace_period=args.grace_period,
+    )
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from workbench.config import load_manifest
+
+    manifest = load_manifest(args.datasets)
+    summary = generate_with_progress(manifest, args.server, args.out, _options_from_args(args))
+    return 130 if summary.interrupted else 0
+
+
+def _install_stop_signals(runner: Runner) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        runner.request_stop()
+        if runner.stop_requests == 1:
+            print("stopping: letting in-flight requests finish (signal again to stop now)",
+                  file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
+def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) -> RunSummary:
+    """Run a generation with signal handling, progress output and a closing summary."""
+    from workbench.client import SGLangClient, api_key_from_env
+    from workbench.runner import run_generation
+
+    view = _progress_view()
+
+    async def go() -> RunSummary:
+        async with SGLangClient(server, api_key=api_key_from_env()) as client:
+            return await run_generation(
+                manifest, client, out, options,
+                on_start=lambda r: (_install_stop_signals(r), view.start(r)),
+                on_progress=view.update, on_event=view.event,
+            )
+
+    try:
+        summary = asyncio.run(go())
+    finally:
+        view.stop()
+    _print_summary(summary, out)
+    return summary
+
+
+class _LineView:
+    """Progress as plain lines: one per active dataset every interval (logs, CI, pipes)."""
+
+    def __init__(self) -> None:
+        self.reported_done: set[str] = set()
+
+    def start(self, runner: Runner) -> None:
+        names = ", ".join(f"{p.name} ({p.done}/{p.target} done)" for p in runner.progress())
+        print(f"generating {names}", flush=True)
+
+    def update(self, runner: Runner) -> None:
+        from workbench.runner import format_progress_line
+
+        for p in runner.progress():
+            if p.name in self.reported_done or (p.done_this_run == 0 and p.in_flight == 0):
+                continue
+            if p.finished is not None:
+                self.reported_done.add(p.name)
+            print(format_progress_line(p), flush=True)
+
+    def event(self, message: str) -> None:
+        print(message, flush=True)
+
+    def stop(self) -> None:
+        pass
+
+
+class _RichView(_LineView):
+    """Progress bars on a terminal, one per dataset, with the same line as a description."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        super().__init__()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        self.tasks: dict[str, Any] = {}
+
+    def start(self, runner: Runner) -> None:
+        for p in runner.progress():
+            self.tasks[p.name] = self.progress.add_task(p.name, total=p.target, completed=p.done)
+        self.progress.start()
+
+    def update(self, runner: Runner) -> None:
+        from workbench.runner import format_progress_line
+
+        for p in runner.progress():
+            self.progress.update(self.tasks[p.name], completed=p.done, description=format_progress_line(p))
+
+    def event(self, message: str) -> None:
+        self.progress.console.print(message)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def _progress_view() -> _LineView:
+    return _RichView() if sys.stdout.isatty() else _LineView()
+
+
+def _print_summary(summary: RunSummary, out: Path) -> None:
+    from workbench.runner import format_duration
+
+    state = "interrupted" if summary.interrupted else "finished"
+    print(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; output in {out}")
+    for p in summary.datasets.values():
+        extra = f", budget {p.max_tokens} tokens (overshoot {p.overshoot})" if p.max_tokens else ""
+        print(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
+              f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion tokens{extra}")
+
+
+# --------------------------------------------------------------------------- stats, monitor
+def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stats", help="per-dataset statistics of a run directory",
+                       description="Token counts, finish reasons, throughput and ETA per dataset.")
+    p.add_argument("out", type=Path, help="run directory (the --out of generate)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    p.set_defaults(func=_cmd_stats)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from workbench.stats import render_stats
+
+    print(render_stats(args.out, as_json=args.json))
+    return 0
+
+
+def _add_monitor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("monitor", help="live dashboard of a run directory, with alerts",
+                       description="Live per-dataset dashboard and ALERT lines; --once prints one frame.")
+    p.add_argument("out", type=Path, help="run directory (the --out of generate)")
+    p.add_argument("--server", help="server URL to show running/queued requests and token usage")
+    p.add_argument("--interval", type=float, default=None,
+                   help="seconds between frames (2 on a terminal; without one, --once unless given)")
+    p.add_argument("--once", action="store_true", help="print one plain-text frame and exit")
+    p.set_defaults(func=_cmd_monitor)
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    from workbench.monitor import run_monitor
+
+    return run_monitor(args.out, server=args.server, interval=args.interval, once=args.once)
+
+
+# --------------------------------------------------------------------------- validate, export
+def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="check a run's records against the format rules",
+                       description="Validate every record of a run; findings per dataset and rule.")
+    p.add_argument("out", type=Path, help="run directory (the --out of generate)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--model-profile", help="model profile (default: the run's, else kimi-k2.5)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a finding is an error")
+    p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
+    p.add_argument("--workers", type=_positive_int, help="worker processes (default: CPU count)")
+    p.set_defaults(func=_cmd_validate)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from workbench.validate import exit_code, format_report, validate_run
+
+    report = validate_run(args.out, model_profile=args.model_profile, only=args.only, workers=args.workers)
+    print(msgspec.json.encode(report.to_builtins()).decode() if args.json else format_report(report))
+    return exit_code(report, strict=args.strict)
+
+
+def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("export", help="write training rows (token ids + loss mask) from a run",
+                       description="Export a run as token ids with a loss mask, or as conversations.")
+    p.add_argument("out", type=Path, help="run directory (the --out of generate)")
+    p.add_argument("--to", required=True, type=Path, help="output file: .jsonl or .parquet")
+    p.add_argument("--format", choices=("tokens", "conversations"), default="tokens",
+                   help="tokens (exact ids, default) or conversations (decoded text)")
+    p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
+    p.add_argument("--drop-truncated", action="store_true", help="leave out records cut at max_new_tokens")
+    p.add_argument("--drop", type=_csv, default=(),
+                   help="leave out records failing these rules, e.g. reasoning_unclosed,empty_answer")
+    p.add_argument("--limit", type=_positive_int, help="rows per dataset at most")
+    p.add_argument("--shuffle", action="store_true", help="mix the rows of all datasets")
+    p.add_argument("--seed", type=int, default=0, help="shuffle and sampling seed (0)")
+    p.add_argument("--model-profile", help="model profile (default: the run's, else kimi-k2.5)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the run manifest's)")
+    p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer run its own code")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from workbench.export import ExportOptions, export_run, format_summary
+
+    drop = (("truncated",) if args.drop_truncated else ()) + args.drop
+    options = ExportOptions(format=args.format, only=args.only, drop=drop, limit=args.limit,
+                            shuffle=args.shuffle, seed=args.seed, model_profile=args.model_profile,
+                            tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code)
+    print(format_summary(export_run(args.out, args.to, options)))
+    return 0
+
+
+# --------------------------------------------------------------------------- demo
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="the whole pipeline on the simulator",
+                       description="Start the simulator, generate the example datasets, report.")
+    p.add_argument("--out", type=Path, default=Path("outputs/demo"), help="output directory")
+    p.add_argument("--datasets", type=Path, default=Path("params/datasets.demo.yaml"),
+                   help="dataset manifest (params/datasets.demo.yaml)")
+    p.add_argument("--no-resume", action="store_true", help="start the demo run over")
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from workbench.demo import run_demo
+
+    summary = run_demo(args.out, datasets=args.datasets, resume=not args.no_resume,
+                       generate=generate_with_progress, say=lambda m: print(m, flush=True))
+    return 130 if summary.interrupted else 0
+
+
+# --------------------------------------------------------------------------- main
+COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
+    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_demo,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workbench import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="workbench", description="Generate, watch, report on and tune EAGLE-3 data jobs on SGLang.")
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from workbench.errors import InputError, LaunchError, ServerUnreachable
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (InputError, ServerUnreachable, LaunchError) as exc:
+        _err(str(exc))
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

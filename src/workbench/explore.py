@@ -1,0 +1,670 @@
+"""A run's outputs shaped into the tables the report notebooks show.
+
+Everything here reads a run directory and returns plain data (pandas frames, small frozen
+dataclasses); :mod:`workbench.plots` draws them and counts nothing. The notebooks call one
+function of each per section.
+
+    run_overview          the report header: run.json facts, datasets, model profile
+    record_frame          one row per record: token counts, finish reason, time, and the
+                          split of output_ids at the profile's think-end id
+    histogram, cdf        completion-token distributions (linear or log-spaced bins)
+    sample_records        a seeded sample of each dataset's rows (scatter plots)
+    reasoning_summary     reasoning and answer tokens per dataset
+    finish_mix            finish reasons per dataset, with max_new_tokens
+    budget_table          target and budget used, remaining tokens, projected time
+    findings_table        validation findings per dataset and rule
+    examples_table        the findings' example records, with a text or id excerpt
+    findings_over_time    per-record rule failures by record timestamp
+    filter_records        the explore notebook's filters
+    samples               chosen records with their output decoded (or their ids)
+
+The reasoning split, per record: ids before the first think-end id are reasoning, ids after
+it are the answer, trailing end ids (end_ids, eos_id) count in neither. A reply without the
+think-end id is all reasoning (``closed`` False). A dataset that switched thinking off, or a
+profile without a think-end id, has no reasoning: the whole reply is answer, ``closed`` NA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.profiles import ModelProfile
+from workbench.records import RAW_FILE, Row, iter_blocks
+from workbench.stats import RunStats
+from workbench.validate import (
+    SEVERITY,
+    DatasetDir,
+    RecordChecker,
+    RunInfo,
+    ValidationReport,
+    load_run,
+    reasoning_expected,
+)
+
+__all__ = [
+    "RECORD_COLUMNS",
+    "RunOverview",
+    "Sample",
+    "budget_table",
+    "cdf",
+    "examples_table",
+    "filter_records",
+    "findings_over_time",
+    "findings_table",
+    "finish_mix",
+    "histogram",
+    "reasoning_summary",
+    "record_frame",
+    "run_overview",
+    "sample_records",
+    "samples",
+]
+
+RECORD_COLUMNS: tuple[str, ...] = (
+    "dataset", "line", "sample_id", "prompt_tokens", "completion_tokens", "cached_tokens",
+    "finish_reason", "ts", "e2e_latency", "output_len", "reasoning_tokens", "answer_tokens",
+    "closed",
+)  # fmt: skip
+_INT_COLUMNS = ("prompt_tokens", "completion_tokens", "cached_tokens", "output_len",
+                "reasoning_tokens", "answer_tokens")
+MISSING_REASON = "missing"
+_NICE_SECONDS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                 43200, 86400)
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunOverview:
+    """What a report header says about a run (None where run.json does not say)."""
+
+    run_dir: Path
+    model: str | None
+    model_profile: str
+    server_url: str | None
+    created: float | None
+    updated: float | None
+    generated: float
+    workbench_version: str | None
+    datasets: tuple[str, ...]
+    max_new_tokens: Mapping[str, int | None] = field(default_factory=dict)
+    max_tokens: Mapping[str, int | None] = field(default_factory=dict)
+    reasoning: Mapping[str, bool] = field(default_factory=dict)
+
+
+def _number(value: object) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _max_new_tokens(ds: DatasetDir) -> int | None:
+    sampling = ds.settings.get("sampling")
+    return _int(sampling.get("max_new_tokens")) if isinstance(sampling, dict) else None
+
+
+def _run(run_dir: str | os.PathLike[str], model_profile: str | None) -> tuple[RunInfo, ModelProfile]:
+    run = load_run(run_dir)
+    return run, run.profile(model_profile)
+
+
+def run_overview(
+    run_dir: str | os.PathLike[str], *, model_profile: str | None = None, now: float | None = None
+) -> RunOverview:
+    """The header facts of a run directory (DataError when it is not one)."""
+    run, profile = _run(run_dir, model_profile)
+    manifest = run.manifest
+    return RunOverview(
+        run_dir=Path(run_dir).resolve(),
+        model=_text(manifest.get("model")),
+        model_profile=profile.name,
+        server_url=_text(manifest.get("server_url")),
+        created=_number(manifest.get("created")),
+        updated=_number(manifest.get("updated")),
+        generated=time.time() if now is None else now,
+        workbench_version=_text(manifest.get("workbench_version")),
+        datasets=tuple(ds.name for ds in run.datasets),
+        max_new_tokens={ds.name: _max_new_tokens(ds) for ds in run.datasets},
+        max_tokens={ds.name: _int(ds.settings.get("max_tokens")) for ds in run.datasets},
+        reasoning={ds.name: reasoning_expected(profile, ds.chat_template_kwargs)
+                   for ds in run.datasets},
+    )
+
+
+# --- one row per record ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Splitter:
+    """Splits output ids into reasoning and answer for one dataset."""
+
+    think_end: int | None
+    end_ids: frozenset[int]
+
+    @classmethod
+    def of(cls, profile: ModelProfile, reasoning: bool) -> _Splitter:
+        ends = {*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,))}
+        return cls(profile.think_end if reasoning else None, frozenset(ends))
+
+    def split(self, ids: list[int] | None) -> tuple[int | None, int | None, bool | None]:
+        """(reasoning tokens, answer tokens, closed) of one reply's ids."""
+        if ids is None:
+            return None, None, None
+        body = len(ids)
+        while body and ids[body - 1] in self.end_ids:
+            body -= 1
+        if self.think_end is None:
+            return 0, body, None
+        if self.think_end not in ids:
+            return body, 0, False
+        position = ids.index(self.think_end)
+        return position, max(0, body - position - 1), True
+
+
+def _row_values(row: Row, splitter: _Splitter) -> tuple[Any, ...]:
+    ids = row.output_ids
+    reasoning, answer, closed = splitter.split(ids)
+    return (
+        row.line, row.sample_id, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
+        row.finish_reason if row.finish_reason is not None else MISSING_REASON, row.ts,
+        row.e2e_latency, None if ids is None else len(ids), reasoning, answer, closed,
+    )
+
+
+def _dataset_rows(ds: DatasetDir, splitter: _Splitter) -> Iterator[tuple[Any, ...]]:
+    if not ds.raw_path.is_file():
+        return
+    for block in iter_blocks(ds.raw_path, with_output_ids=True):
+        for row in block.rows:
+            yield (ds.name, *_row_values(row, splitter))
+
+
+def record_frame(
+    run_dir: str | os.PathLike[str],
+    *,
+    model_profile: str | None = None,
+    datasets: Sequence[str] = (),
+) -> pd.DataFrame:
+    """One row per record of every dataset (or of `datasets`), columns RECORD_COLUMNS.
+
+    Counts that cannot be read are NA (nullable Int64), never 0; ``finish_reason`` is
+    "missing" when absent; ``time`` is ``ts`` as a UTC datetime.
+    """
+    run = load_run(run_dir, datasets)
+    profile = run.profile(model_profile)
+    rows: list[tuple[Any, ...]] = []
+    for ds in run.datasets:
+        splitter = _Splitter.of(profile, reasoning_expected(profile, ds.chat_template_kwargs))
+        rows.extend(_dataset_rows(ds, splitter))
+    return _typed_frame(rows, [ds.name for ds in run.datasets])
+
+
+def _typed_frame(rows: list[tuple[Any, ...]], names: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records(rows, columns=list(RECORD_COLUMNS))
+    frame["dataset"] = pd.Categorical(frame["dataset"], categories=names)
+    for column in _INT_COLUMNS:
+        frame[column] = pd.array(frame[column].tolist(), dtype="Int64")
+    frame["closed"] = pd.array(frame["closed"].tolist(), dtype="boolean")
+    frame["line"] = frame["line"].astype("int64")
+    for column in ("ts", "e2e_latency"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    frame["finish_reason"] = frame["finish_reason"].astype("string")
+    frame["sample_id"] = frame["sample_id"].astype("object")
+    frame["time"] = pd.to_datetime(frame["ts"], unit="s", utc=True)
+    return frame
+
+
+def _groups(frame: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
+    for name, group in frame.groupby("dataset", observed=True, sort=True):
+        yield str(name), group
+
+
+def _known(values: pd.Series) -> np.ndarray:
+    return values.dropna().to_numpy(dtype="float64")
+
+
+# --- distributions ---------------------------------------------------------------------------
+
+
+def _edges(values: np.ndarray, log: bool, bins: int) -> np.ndarray:
+    if values.size == 0:
+        return np.array([0.0, 1.0])
+    low, high = float(values.min()), float(values.max())
+    if log:
+        low = max(low, 1.0)
+        high = max(high, low + 1.0)
+        return np.geomspace(low, high * 1.0001, bins + 1)
+    return np.histogram_bin_edges(values, bins=bins, range=(low, max(high, low + 1.0)))
+
+
+def histogram(
+    frame: pd.DataFrame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40
+) -> pd.DataFrame:
+    """Counts per bin and dataset: dataset, left, right, count, share (of the dataset's rows
+    with the value). Bins are shared by all datasets; log-spaced bins put 0 in the first."""
+    edges = _edges(_known(frame[column]), log, bins)
+    parts = []
+    for name, group in _groups(frame):
+        values = np.clip(_known(group[column]), edges[0], edges[-1])
+        counts, _ = np.histogram(values, edges)
+        total = max(1, int(counts.sum()))
+        parts.append(pd.DataFrame({"dataset": name, "left": edges[:-1], "right": edges[1:],
+                                   "count": counts, "share": counts / total}))
+    return _concat(parts, ["dataset", "left", "right", "count", "share"])
+
+
+def cdf(frame: pd.DataFrame, column: str = "completion_tokens", *, points: int = 300) -> pd.DataFrame:
+    """The empirical CDF per dataset, at most `points` steps each: dataset, value, fraction."""
+    parts = []
+    for name, group in _groups(frame):
+        values = np.sort(_known(group[column]))
+        if values.size == 0:
+            continue
+        fraction = np.arange(1, values.size + 1) / values.size
+        keep = np.unique(np.linspace(0, values.size - 1, min(points, values.size)).round().astype(int))
+        parts.append(pd.DataFrame({"dataset": name, "value": values[keep], "fraction": fraction[keep]}))
+    return _concat(parts, ["dataset", "value", "fraction"])
+
+
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+
+
+def sample_records(frame: pd.DataFrame, n: int, *, seed: int = 0) -> pd.DataFrame:
+    """At most n rows of each dataset, drawn with seed (the same rows for the same inputs)."""
+    parts = [group.sample(min(n, len(group)), random_state=seed) for _, group in _groups(frame)]
+    return pd.concat(parts) if parts else frame.iloc[0:0]
+
+
+# --- per-dataset tables ----------------------------------------------------------------------
+
+
+def reasoning_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset with reasoning: records, mean and median reasoning and answer tokens,
+    reasoning share of the reply tokens, replies without a think-end id (``unclosed``)."""
+    rows = []
+    for name, group in _groups(frame):
+        split = group[group["closed"].notna()]
+        if split.empty:
+            continue
+        reasoning, answer = _known(split["reasoning_tokens"]), _known(split["answer_tokens"])
+        total = reasoning.sum() + answer.sum()
+        rows.append({
+            "dataset": name, "records": len(split),
+            "mean_reasoning": reasoning.mean(), "mean_answer": answer.mean(),
+            "median_reasoning": float(np.median(reasoning)), "median_answer": float(np.median(answer)),
+            "reasoning_share": reasoning.sum() / total if total else None,
+            "unclosed": int((~split["closed"].astype(bool)).sum()),
+            "unclosed_stop": int(((~split["closed"].astype(bool)) & (split["finish_reason"] == "stop")).sum()),
+        })
+    return pd.DataFrame(rows, columns=["dataset", "records", "mean_reasoning", "mean_answer",
+                                       "median_reasoning", "median_answer", "reasoning_share",
+                                       "unclosed", "unclosed_stop"])
+
+
+def finish_mix(frame: pd.DataFrame, overview: RunOverview) -> pd.DataFrame:
+    """Per dataset and finish reason: count, share, and the dataset's truncation rate
+    ("length" among records with a reason) next to its max_new_tokens."""
+    rows = []
+    for name, group in _groups(frame):
+        counts = group["finish_reason"].value_counts()
+        with_reason = int(counts.drop(MISSING_REASON, errors="ignore").sum())
+        length = int(counts.get("length", 0))
+        rate = length / with_reason if with_reason else None
+        for reason, count in sorted(counts.items(), key=lambda item: _reason_order(str(item[0]))):
+            rows.append({"dataset": name, "reason": str(reason), "count": int(count),
+                         "share": int(count) / len(group), "truncation_rate": rate,
+                         "max_new_tokens": overview.max_new_tokens.get(name)})
+    return pd.DataFrame(rows, columns=["dataset", "reason", "count", "share", "truncation_rate",
+                                       "max_new_tokens"])
+
+
+def _reason_order(reason: str) -> tuple[int, str]:
+    order = {"stop": 0, "length": 1, "abort": 2, MISSING_REASON: 4}
+    return order.get(reason, 3), reason
+
+
+def _run_rate(group: pd.DataFrame) -> float | None:
+    """Completion tokens per second from the first request's start to the last record."""
+    ts = group["ts"].to_numpy(dtype="float64")
+    known = ~np.isnan(ts)
+    if known.sum() < 2:
+        return None
+    starts = ts - np.nan_to_num(group["e2e_latency"].to_numpy(dtype="float64"))
+    span = float(ts[known].max() - starts[known].min())
+    tokens = float(_known(group["completion_tokens"]).sum())
+    return tokens / span if span > 0 else None
+
+
+def _remaining_tokens(ds: Any, max_tokens: int | None) -> float | None:
+    """Tokens left: records left times the mean reply, or the budget left, whichever is less."""
+    if ds.finished:
+        return 0.0
+    known = []
+    if ds.remaining_records is not None and ds.avg_completion_tokens is not None:
+        known.append(ds.remaining_records * ds.avg_completion_tokens)
+    if max_tokens:
+        known.append(float(max(0, max_tokens - ds.completion_tokens)))
+    return min(known) if known else None
+
+
+def _projected(remaining: float | None, rate: float | None) -> float | None:
+    if remaining == 0:
+        return 0.0
+    return remaining / rate if remaining is not None and rate else None
+
+
+def _budget_row(ds: Any, group: pd.DataFrame, max_tokens: int | None,
+                remaining: float | None) -> dict[str, Any]:
+    run_rate = _run_rate(group) if not group.empty else None
+    rate = ds.tokens_per_s or run_rate
+    return {
+        "dataset": ds.name, "records": ds.records, "target": ds.target_records,
+        "done": ds.records / ds.target_records if ds.target_records else None,
+        "completion_tokens": ds.completion_tokens, "max_tokens": max_tokens,
+        "budget_used": ds.completion_tokens / max_tokens if max_tokens else None,
+        "tokens_per_s_recent": ds.tokens_per_s, "tokens_per_s_run": run_rate,
+        "remaining_tokens": remaining, "projected_s": _projected(remaining, rate),
+        "finished": ds.finished,
+    }
+
+
+def budget_table(stats: RunStats, frame: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, then "total": records against the target, completion tokens against
+    ``max_tokens``, the throughput (over the recent window of `stats`, and over the whole
+    run from record times), the tokens left and the time they take at the recent
+    throughput (the run's when there is none). The total's tokens left are the datasets'
+    sum (unknown when one is); its budget is the sum when every dataset has one."""
+    groups = dict(_groups(frame))
+    rows, left = [], []
+    for name, ds in stats.datasets.items():
+        left.append(_remaining_tokens(ds, ds.max_tokens))
+        rows.append(_budget_row(ds, groups.get(name, frame.iloc[0:0]), ds.max_tokens, left[-1]))
+    budgets = [ds.max_tokens for ds in stats.datasets.values()]
+    budget = sum(b for b in budgets if b) if budgets and all(budgets) else None
+    remaining = None if any(x is None for x in left) else float(sum(x for x in left if x))
+    rows.append(_budget_row(stats.total, frame, budget, remaining))
+    return pd.DataFrame(rows)
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def findings_table(report: ValidationReport) -> pd.DataFrame:
+    """One row per dataset and rule that fired (a dataset without findings gets one row with
+    rule None and severity "ok"): dataset, rule, severity, count, rate, records."""
+    rows = []
+    for name, ds in report.datasets.items():
+        for finding in ds.findings:
+            rows.append({"dataset": name, "rule": finding.rule, "severity": finding.severity,
+                         "count": finding.count, "rate": finding.rate, "records": ds.records,
+                         "default_severity": SEVERITY.get(finding.rule)})
+        if not ds.findings:
+            rows.append({"dataset": name, "rule": None, "severity": "ok", "count": 0,
+                         "rate": None, "records": ds.records, "default_severity": None})
+    return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "count", "rate", "records",
+                                       "default_severity"])
+
+
+def _rows_at(path: Path, lines: set[int]) -> dict[int, Row]:
+    """The rows (with output ids) at the given line numbers of a raw file."""
+    found: dict[int, Row] = {}
+    if not lines or not path.is_file():
+        return found
+    last = max(lines)
+    for block in iter_blocks(path, with_output_ids=True):
+        found.update((row.line, row) for row in block.rows if row.line in lines)
+        if block.first_line + block.lines > last:
+            break
+    return found
+
+
+def _decoder(tokenizer: str | os.PathLike[str] | None) -> Any:
+    if tokenizer is None:
+        return None
+    from workbench.prompts import load_tokenizer
+
+    return load_tokenizer(tokenizer)
+
+
+def _id_names(profile: ModelProfile) -> dict[int, str]:
+    names = {end: "<end>" for end in profile.end_ids}
+    if profile.eos_id is not None:
+        names[profile.eos_id] = "<eos>"
+    if profile.think_start is not None:
+        names[profile.think_start] = "<think>"
+    if profile.think_end is not None:
+        names[profile.think_end] = "</think>"
+    return names
+
+
+def _render_ids(ids: Sequence[int], names: Mapping[int, str]) -> str:
+    return " ".join(names.get(i, str(i)) for i in ids)
+
+
+def _excerpt(ids: list[int] | None, decoder: Any, names: Mapping[int, str], chars: int) -> str:
+    """The end of a reply (where format problems show): decoded text, or its last ids."""
+    if not ids:
+        return "" if ids is None else "(no output ids)"
+    if decoder is not None:
+        text = decoder.decode(ids, skip_special_tokens=False)
+        return text if len(text) <= chars else "…" + text[-chars:]
+    keep = max(8, chars // 8)
+    shown = _render_ids(ids[-keep:], names)
+    return shown if len(ids) <= keep else "… " + shown
+
+
+def examples_table(
+    report: ValidationReport,
+    run_dir: str | os.PathLike[str],
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    chars: int = 400,
+) -> pd.DataFrame:
+    """Every example of every finding: dataset, rule, severity, file, line, detail, and for
+    a record its sample_id, finish_reason, completion_tokens and an excerpt of its end
+    (decoded with `tokenizer`, else its last ids with the profile's special ids named)."""
+    run = load_run(run_dir, list(report.datasets))
+    profile = run.profile(report.model_profile)
+    decoder, names = _decoder(tokenizer), _id_names(profile)
+    rows = []
+    for ds in run.datasets:
+        findings = report.datasets[ds.name].findings
+        wanted = {e.line for f in findings for e in f.examples if e.file == RAW_FILE}
+        records = _rows_at(ds.raw_path, wanted)
+        for finding in findings:
+            for example in finding.examples:
+                row = records.get(example.line) if example.file == RAW_FILE else None
+                rows.append(_example_row(ds.name, finding, example, row, decoder, names, chars))
+    return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "file", "line", "detail",
+                                       "sample_id", "finish_reason", "completion_tokens",
+                                       "excerpt"])
+
+
+def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder: Any,
+                 names: Mapping[int, str], chars: int) -> dict[str, Any]:
+    return {
+        "dataset": name, "rule": finding.rule, "severity": finding.severity,
+        "file": example.file, "line": example.line, "detail": example.detail,
+        "sample_id": None if row is None else row.sample_id,
+        "finish_reason": None if row is None else row.finish_reason,
+        "completion_tokens": None if row is None else row.completion_tokens,
+        "excerpt": "" if row is None else _excerpt(row.output_ids, decoder, names, chars),
+    }
+
+
+def _bucket_seconds(span: float, buckets: int) -> int:
+    wanted = max(span / max(1, buckets), 1.0)
+    return next((s for s in _NICE_SECONDS if s >= wanted), int(math.ceil(wanted / 86400)) * 86400)
+
+
+def _failure_times(ds: DatasetDir, checker: RecordChecker) -> Iterator[tuple[float, Iterable[str]]]:
+    """(ts, rules failed) of every record of a dataset that has a ts."""
+    if not ds.raw_path.is_file():
+        return
+    for block in iter_blocks(ds.raw_path, with_output_ids=True):
+        rows = [row for row in block.rows if row.ts is not None]
+        for row, problems in zip(rows, checker.check_rows(rows), strict=True):
+            yield float(row.ts), {rule for rule, _ in problems}  # type: ignore[arg-type]
+
+
+def findings_over_time(
+    run_dir: str | os.PathLike[str],
+    *,
+    model_profile: str | None = None,
+    buckets: int = 40,
+) -> pd.DataFrame:
+    """Per dataset, time bucket and per-record rule: records in the bucket, failures, rate.
+
+    Buckets are a round number of seconds (about `buckets` over the run's time span), from
+    record ``ts``; records without one are left out. Columns: dataset, start (UTC datetime),
+    seconds, records, rule, count, rate; a bucket with records but no failure has rule None.
+    """
+    run = load_run(run_dir)
+    profile = run.profile(model_profile)
+    events = []
+    for ds in run.datasets:
+        checker = RecordChecker(profile, reasoning=reasoning_expected(profile, ds.chat_template_kwargs))
+        events.extend((ds.name, ts, rules) for ts, rules in _failure_times(ds, checker))
+    if not events:
+        return pd.DataFrame(columns=["dataset", "start", "seconds", "records", "rule", "count", "rate"])
+    times = np.array([ts for _, ts, _ in events])
+    width = _bucket_seconds(float(times.max() - times.min()), buckets)
+    return _bucketed(events, width)
+
+
+def _bucketed(events: list[tuple[str, float, Iterable[str]]], width: int) -> pd.DataFrame:
+    records: dict[tuple[str, float], int] = {}
+    failures: dict[tuple[str, float, str], int] = {}
+    for name, ts, rules in events:
+        key = (name, math.floor(ts / width) * width)
+        records[key] = records.get(key, 0) + 1
+        for rule in rules:
+            failures[(*key, rule)] = failures.get((*key, rule), 0) + 1
+    rows = [{"dataset": n, "start": s, "seconds": width, "records": records[(n, s)], "rule": r,
+             "count": c, "rate": c / records[(n, s)]} for (n, s, r), c in failures.items()]
+    failed = {(n, s) for n, s, _ in failures}
+    rows += [{"dataset": n, "start": s, "seconds": width, "records": c, "rule": None, "count": 0,
+              "rate": 0.0} for (n, s), c in records.items() if (n, s) not in failed]
+    frame = pd.DataFrame(rows).sort_values(["dataset", "start"], kind="stable", ignore_index=True)
+    frame["start"] = pd.to_datetime(frame["start"], unit="s", utc=True)
+    return frame
+
+
+# --- exploration -----------------------------------------------------------------------------
+
+
+def filter_records(
+    frame: pd.DataFrame,
+    *,
+    dataset: str | None = None,
+    finish_reason: str | None = None,
+    truncated: bool = False,
+    min_completion_tokens: int | None = None,
+    unclosed: bool = False,
+) -> pd.DataFrame:
+    """The rows that pass every given filter: one dataset, one finish reason, truncated
+    (finish "length"), at least `min_completion_tokens`, reasoning without a think-end id."""
+    keep = pd.Series(True, index=frame.index)
+    if dataset is not None:
+        keep &= frame["dataset"] == dataset
+    if finish_reason is not None:
+        keep &= frame["finish_reason"] == finish_reason
+    if truncated:
+        keep &= frame["finish_reason"] == "length"
+    if min_completion_tokens is not None:
+        keep &= (frame["completion_tokens"] >= min_completion_tokens).fillna(False).astype(bool)
+    if unclosed:
+        keep &= (frame["closed"] == False).fillna(False).astype(bool)  # noqa: E712 (NA-aware)
+    return frame[keep]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One record shown in full: its reasoning and answer as text (decoded) or ids."""
+
+    dataset: str
+    line: int
+    sample_id: int | str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning: str | None
+    answer: str
+    decoded: bool
+    cut: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _clip(text: str, chars: int) -> tuple[str, bool]:
+    return (text, False) if len(text) <= chars else (text[:chars], True)
+
+
+def _parts(ids: list[int], profile: ModelProfile, reasoning: bool) -> tuple[list[int] | None, list[int]]:
+    """(reasoning ids up to the think-end id, answer ids); no reasoning part without thinking."""
+    if not reasoning or profile.think_end is None:
+        return None, ids
+    if profile.think_end not in ids:
+        return ids, []
+    cut = ids.index(profile.think_end) + 1
+    return ids[:cut], ids[cut:]
+
+
+def _sample(name: str, row: Row, profile: ModelProfile, reasoning: bool, decoder: Any,
+            chars: int) -> Sample:
+    head, tail = _parts(row.output_ids or [], profile, reasoning)
+    names = _id_names(profile)
+
+    def show(ids: list[int]) -> tuple[str, bool]:
+        text = decoder.decode(ids, skip_special_tokens=False) if decoder else _render_ids(ids, names)
+        return _clip(text, chars)
+
+    thought, cut_head = show(head) if head is not None else (None, False)
+    answer, cut_tail = show(tail)
+    return Sample(name, row.line, row.sample_id, row.finish_reason, row.prompt_tokens,
+                  row.completion_tokens, thought, answer, decoder is not None, cut_head or cut_tail)
+
+
+def samples(
+    run_dir: str | os.PathLike[str],
+    selected: pd.DataFrame,
+    *,
+    n: int = 10,
+    seed: int = 0,
+    tokenizer: str | os.PathLike[str] | None = None,
+    model_profile: str | None = None,
+    chars: int = 2000,
+) -> list[Sample]:
+    """Up to n of the `selected` rows (a record_frame slice), drawn with seed, read back with
+    their output ids: decoded with `tokenizer` when given, else as ids; each part is cut
+    to `chars` characters."""
+    run = load_run(run_dir)
+    profile = run.profile(model_profile)
+    chosen = selected.sample(min(n, len(selected)), random_state=seed).sort_values(["dataset", "line"])
+    decoder = _decoder(tokenizer)
+    shown = []
+    for ds in run.datasets:
+        lines = chosen.loc[chosen["dataset"] == ds.name, "line"].tolist()
+        reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
+        for line, row in sorted(_rows_at(ds.raw_path, set(lines)).items()):
+            shown.append(_sample(ds.name, row, profile, reasoning, decoder, chars))
+    return shown

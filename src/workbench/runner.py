@@ -1,0 +1,594 @@
+"""Generation: scheduling, budgets, resume, retries, the writer and progress.
+
+One run sends every pending prompt of the chosen datasets through one `SGLangClient`:
+
+- Concurrency: a global limit, and a lower one for prompts longer than a threshold. Short
+  and long prompts are fed by two producers so a waiting long prompt never stalls the
+  pipeline, which stays full across dataset boundaries.
+- Budgets: `max_samples` limits the prompts taken; once a dataset's finished completion
+  tokens reach `max_tokens`, no new prompt of it is sent (in-flight ones finish and are kept).
+- Resume (the default): finished `sample_id`s are skipped, failed ones retried, a torn last
+  line is moved to `raw_responses.jsonl.torn`; a changed model or sampling refuses to resume.
+- Retries: exponential backoff with jitter for retryable errors, up to `max_attempts`;
+  every failed attempt is an `errors.jsonl` line. A bad request is not retried.
+- Stop: `request_stop()` (first Ctrl-C) stops sending and lets in-flight requests finish
+  within a grace period; a second call cancels them. Lines are written whole either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from workbench import __version__
+from workbench.client import GenerateResult, SGLangClient, redact_url
+from workbench.config import DatasetSpec, Manifest, Sampling
+from workbench.errors import RequestFailed, ResumeMismatch
+from workbench.profiles import get_profile
+from workbench.prompts import Prompt, load_prompts
+from workbench.records import (
+    ERRORS_FILE,
+    MANIFEST_FILE,
+    PROMPTS_FILE,
+    RAW_FILE,
+    ErrorRecord,
+    JsonlAppender,
+    PromptRecord,
+    Record,
+    iter_blocks,
+    repair_torn_tail,
+)
+
+__all__ = [
+    "DatasetProgress",
+    "GenerateOptions",
+    "Runner",
+    "RunSummary",
+    "format_duration",
+    "format_progress_line",
+    "probe_server",
+    "run_generation",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateOptions:
+    """Run-wide settings; the CLI flags map one to one onto these fields."""
+
+    concurrency: int = 150
+    long_concurrency: int = 16
+    long_threshold: int = 4096
+    only: tuple[str, ...] = ()
+    max_samples: int | None = None
+    max_tokens_per_dataset: int | None = None
+    max_new_tokens: int | None = None
+    resume: bool = True
+    force: bool = False
+    max_attempts: int = 5
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    grace_period: float = 30.0
+    progress_interval: float = 5.0
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class DatasetProgress:
+    """Live counters of one dataset (previous runs included in `done` and `completion_tokens`)."""
+
+    name: str
+    target: int
+    done: int = 0
+    done_this_run: int = 0
+    errors: int = 0
+    failed_ids: int = 0
+    in_flight: int = 0
+    completion_tokens: int = 0
+    tokens_this_run: int = 0
+    max_tokens: int | None = None
+    started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None
+
+    @property
+    def budget_reached(self) -> bool:
+        return self.max_tokens is not None and self.completion_tokens >= self.max_tokens
+
+    @property
+    def overshoot(self) -> int:
+        return max(0, self.completion_tokens - self.max_tokens) if self.max_tokens else 0
+
+    @property
+    def active(self) -> bool:
+        return self.finished is None and self.in_flight + self.done_this_run > 0
+
+    def elapsed(self, now: float | None = None) -> float:
+        end = self.finished if self.finished is not None else (now or time.perf_counter())
+        return max(end - self.started, 1e-9)
+
+    def eta_seconds(self, now: float | None = None) -> float | None:
+        """Seconds left at this run's rate, by samples or by the token budget (whichever ends first)."""
+        elapsed = self.elapsed(now)
+        if self.done_this_run == 0:
+            return None
+        by_samples = max(self.target - self.done, 0) / (self.done_this_run / elapsed)
+        if not self.max_tokens or self.tokens_this_run == 0:
+            return by_samples
+        by_tokens = max(self.max_tokens - self.completion_tokens, 0) / (self.tokens_this_run / elapsed)
+        return min(by_samples, by_tokens)
+
+
+@dataclass(slots=True)
+class RunSummary:
+    datasets: dict[str, DatasetProgress]
+    interrupted: bool
+    wall_seconds: float
+    retries: int
+
+    @property
+    def failed(self) -> int:
+        return sum(p.failed_ids for p in self.datasets.values())
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
+    """`[B1_glaive] 428/10000 (0 err) 1.1 req/s avg_comp=217tok 238 tok/s ETA=2.4h`."""
+    elapsed = p.elapsed(now)
+    avg = p.completion_tokens / p.done if p.done else 0.0
+    line = (
+        f"[{p.name}] {p.done}/{p.target} ({p.errors} err) {p.done_this_run / elapsed:.1f} req/s "
+        f"avg_comp={avg:.0f}tok {p.tokens_this_run / elapsed:.0f} tok/s"
+    )
+    if p.finished is not None or p.budget_reached:
+        return line + (" budget reached" if p.budget_reached else " done")
+    return line + f" ETA={format_duration(p.eta_seconds(now))}"
+
+
+@dataclass(slots=True)
+class _Dataset:
+    spec: DatasetSpec
+    sampling: Sampling
+    prompts: list[Prompt]
+    pending: list[Prompt]
+    progress: DatasetProgress
+    raw: JsonlAppender
+    errors: JsonlAppender
+
+
+def _sampling_for(manifest: Manifest, spec: DatasetSpec, options: GenerateOptions) -> Sampling:
+    sampling = manifest.sampling_for(spec)
+    if options.max_new_tokens is not None:
+        sampling = msgspec.structs.replace(sampling, max_new_tokens=options.max_new_tokens)
+    return sampling
+
+
+def _limit(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _scan_done(path: Path) -> tuple[set[int | str], int]:
+    """Finished sample ids and their completion tokens in an existing raw file."""
+    ids: set[int | str] = set()
+    tokens = 0
+    if not path.exists():
+        return ids, tokens
+    for block in iter_blocks(path):
+        for row in block.rows:
+            if row.sample_id is not None and row.sample_id not in ids:
+                ids.add(row.sample_id)
+                tokens += row.completion_tokens or 0
+    return ids, tokens
+
+
+def _write_prompts(path: Path, prompts: Iterable[Prompt]) -> None:
+    """The prepared prompts as sent, written whole (temp file, then rename)."""
+    tmp = path.with_suffix(".jsonl.tmp")
+    encoder = msgspec.json.Encoder()
+    with tmp.open("wb") as fh:
+        for p in prompts:
+            fh.write(encoder.encode(PromptRecord(sample_id=p.sample_id, input_ids=p.input_ids, text=p.text)))
+            fh.write(b"\n")
+    os.replace(tmp, path)
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Move an existing file aside (never delete it) for a run that does not resume."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    target = path.with_name(f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+    os.replace(path, target)
+    return target
+
+
+class Runner:
+    """One generation run. Build it, then `await runner.run()`; `request_stop()` from signals."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        client: SGLangClient,
+        out: Path | str,
+        options: GenerateOptions = GenerateOptions(),
+        *,
+        on_progress: Callable[[Runner], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.client = client
+        self.out = Path(out)
+        self.options = options
+        self.on_progress = on_progress
+        self.on_event = on_event or (lambda message: None)
+        self.datasets: dict[str, _Dataset] = {}
+        self.retries = 0
+        self._rng = random.Random(options.seed)
+        self._stop = asyncio.Event()
+        self.stop_requests = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._global: asyncio.Semaphore | None = None
+        self._long: asyncio.Semaphore | None = None
+        self._wakeups: list[asyncio.Event] = []
+
+    # ----------------------------------------------------------------- preparation
+    def selected_specs(self) -> list[DatasetSpec]:
+        specs = self.manifest.datasets
+        if not self.options.only:
+            return list(specs)
+        names = {s.name for s in specs}
+        unknown = [n for n in self.options.only if n not in names]
+        if unknown:
+            from workbench.errors import ConfigError
+
+            raise ConfigError("--only", f"unknown dataset {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return [s for s in specs if s.name in self.options.only]
+
+    def prepare(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """Load prompts, check resume compatibility, repair torn tails, write prompts and run.json."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        profile = get_profile(self.manifest.model_profile)
+        specs = self.selected_specs()
+        sampling = {s.name: _sampling_for(self.manifest, s, self.options) for s in specs}
+        model = str(model_info.get("model_path") or server_info.get("model_path") or "unknown")
+        self._check_resume(model, sampling)
+        for spec in specs:
+            limit = _limit(spec.max_samples, self.options.max_samples)
+            prompts = load_prompts(spec, profile, limit=limit)
+            self.datasets[spec.name] = self._open_dataset(spec, sampling[spec.name], prompts)
+        self._write_manifest(server_info, model_info, model)
+
+    def _open_dataset(self, spec: DatasetSpec, sampling: Sampling, prompts: list[Prompt]) -> _Dataset:
+        folder = self.out / spec.name
+        folder.mkdir(parents=True, exist_ok=True)
+        raw_path = folder / RAW_FILE
+        if not self.options.resume:
+            for name in (RAW_FILE, ERRORS_FILE):
+                moved = _set_aside(folder / name)
+                if moved:
+                    self.on_event(f"[{spec.name}] --no-resume: moved {name} to {moved.name}")
+        torn = repair_torn_tail(raw_path) if raw_path.exists() else 0
+        if torn:
+            self.on_event(f"[{spec.name}] moved a torn last line ({torn} bytes) to {RAW_FILE}.torn")
+        done_ids, done_tokens = _scan_done(raw_path)
+        _write_prompts(folder / PROMPTS_FILE, prompts)
+        budget = _limit(spec.max_tokens, self.options.max_tokens_per_dataset)
+        progress = DatasetProgress(
+            name=spec.name, target=len(prompts), max_tokens=budget,
+            done=sum(1 for p in prompts if p.sample_id in done_ids), completion_tokens=done_tokens,
+        )
+        pending = [p for p in prompts if p.sample_id not in done_ids]
+        return _Dataset(spec, sampling, prompts, pending, progress,
+                        JsonlAppender(raw_path), JsonlAppender(folder / ERRORS_FILE))
+
+    def _check_resume(self, model: str, sampling: Mapping[str, Sampling]) -> None:
+        path = self.out / MANIFEST_FILE
+        if not self.options.resume or self.options.force or not path.exists():
+            return
+        try:
+            previous = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        old_model = previous.get("model")
+        if old_model and old_model != model:
+            raise ResumeMismatch(
+                f"{path}: the run was made with model {old_model!r}, the server now serves {model!r} "
+                "(use --force to resume anyway, or another --out)")
+        for name, params in sampling.items():
+            old = previous.get("datasets", {}).get(name, {}).get("sampling")
+            if old is not None and old != msgspec.to_builtins(params):
+                raise ResumeMismatch(
+                    f"{path}: datasets.{name}.sampling changed from {old} to {msgspec.to_builtins(params)} "
+                    "(use --force to resume anyway, or another --out)")
+
+    def _write_manifest(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any], model: str) -> None:
+        path = self.out / MANIFEST_FILE
+        previous: dict[str, Any] = {}
+        if path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                previous = json.loads(path.read_text())
+        datasets = dict(previous.get("datasets", {}))
+        for name, ds in self.datasets.items():
+            datasets[name] = {
+                "path": ds.spec.path, "input": ds.spec.input, "prompts": len(ds.prompts),
+                "max_samples": _limit(ds.spec.max_samples, self.options.max_samples),
+                "max_tokens": ds.progress.max_tokens,
+                "sampling": msgspec.to_builtins(ds.sampling),
+                "id_field": ds.spec.id_field,
+                "tokenizer": ds.spec.tokenizer,
+                "chat_template_kwargs": dict(ds.spec.chat_template_kwargs),
+            }
+        manifest = {
+            "workbench_version": __version__,
+            "created": previous.get("created", time.time()),
+            "updated": time.time(),
+            "server_url": redact_url(self.client.base_url),
+            "model": model,
+            "model_profile": self.manifest.model_profile,
+            "manifest_file": str(Path(self.manifest.source).resolve()),
+            "server_info": dict(server_info),
+            "model_info": dict(model_info),
+            "options": dataclasses.asdict(self.options),
+            "datasets": datasets,
+        }
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+
+    # ----------------------------------------------------------------- running
+    def request_stop(self) -> None:
+        """First call: stop sending, let in-flight requests finish. Second call: cancel them."""
+        self.stop_requests += 1
+        self._stop.set()
+        if self.stop_requests >= 2:
+            for task in list(self._tasks):
+                task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self) -> RunSummary:
+        """Send every pending prompt; returns when all are done, or after a stop."""
+        started = time.perf_counter()
+        self._global = asyncio.Semaphore(self.options.concurrency)
+        self._long = asyncio.Semaphore(max(1, min(self.options.long_concurrency, self.options.concurrency)))
+        for ds in self.datasets.values():
+            ds.progress.started = time.perf_counter()
+        reporter = asyncio.create_task(self._report_loop())
+        try:
+            await asyncio.gather(self._produce(long=False), self._produce(long=True))
+            await self._drain()
+        finally:
+            reporter.cancel()
+            self._close()
+        self._emit_progress()
+        return RunSummary(
+            datasets={name: ds.progress for name, ds in self.datasets.items()},
+            interrupted=self.stopping, wall_seconds=time.perf_counter() - started, retries=self.retries,
+        )
+
+    def _queue(self, *, long: bool) -> list[tuple[_Dataset, Prompt]]:
+        threshold = self.options.long_threshold
+        return [
+            (ds, p) for ds in self.datasets.values() for p in ds.pending
+            if (p.prompt_tokens > threshold) == long
+        ]
+
+    async def _produce(self, *, long: bool) -> None:
+        """Start requests in queue order; prompts held back by a token budget are retried
+        each time a request finishes, so other datasets keep the pipeline full meanwhile."""
+        wakeup = asyncio.Event()
+        self._wakeups.append(wakeup)
+        deferred = await self._send_all(self._queue(long=long), long)
+        while deferred and not self.stopping:
+            await wakeup.wait()
+            wakeup.clear()
+            deferred = await self._send_all(deferred, long)
+
+    async def _send_all(self, items: list[tuple[_Dataset, Prompt]], long: bool) -> list[tuple[_Dataset, Prompt]]:
+        """Send what fits; return the prompts whose dataset's budget says wait."""
+        deferred: list[tuple[_Dataset, Prompt]] = []
+        gated: set[str] = set()
+        for ds, prompt in items:
+            if self.stopping:
+                break
+            if ds.progress.budget_reached:
+                continue
+            if ds.spec.name in gated or not self._budget_allows(ds) or not await self._send(ds, prompt, long):
+                gated.add(ds.spec.name)
+                deferred.append((ds, prompt))
+        return deferred
+
+    def _budget_allows(self, ds: _Dataset) -> bool:
+        """One more request fits the token budget, counting each request in flight at the
+        dataset's mean completion so far (`max_new_tokens` before the first one finishes)."""
+        p = ds.progress
+        if p.max_tokens is None or p.in_flight == 0:
+            return not p.budget_reached
+        estimate = p.completion_tokens / p.done if p.done else ds.sampling.max_new_tokens
+        return p.completion_tokens + (p.in_flight + 1) * estimate <= p.max_tokens
+
+    async def _send(self, ds: _Dataset, prompt: Prompt, long: bool) -> bool:
+        """Start one request; False (nothing started) when the budget now says wait."""
+        await self._acquire(long)
+        if self.stopping or ds.progress.budget_reached or not self._budget_allows(ds):
+            self._release(long)
+            return self.stopping or ds.progress.budget_reached
+        ds.progress.in_flight += 1
+        task = asyncio.create_task(self._work(ds, prompt, long))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    def _release(self, long: bool) -> None:
+        assert self._global is not None and self._long is not None
+        self._global.release()
+        if long:
+            self._long.release()
+
+    async def _acquire(self, long: bool) -> None:
+        assert self._global is not None and self._long is not None
+        if long:
+            await self._long.acquire()
+        await self._global.acquire()
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests; after a stop, for at most the grace period."""
+        stop_waiter = asyncio.create_task(self._stop.wait())
+        try:
+            while self._tasks and not self.stopping:
+                await asyncio.wait([*self._tasks, stop_waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_waiter.cancel()
+        if not self._tasks:
+            return
+        _done, still = await asyncio.wait(list(self._tasks), timeout=self.options.grace_period)
+        for task in still:
+            task.cancel()
+        await asyncio.gather(*still, return_exceptions=True)
+
+    def _payload(self, ds: _Dataset, prompt: Prompt, attempt: int) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "sampling_params": ds.sampling.to_sglang(),
+            "rid": f"{ds.spec.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}",
+        }
+        if prompt.input_ids is not None:
+            payload["input_ids"] = prompt.input_ids
+        else:
+            payload["text"] = prompt.text
+        return payload
+
+    async def _work(self, ds: _Dataset, prompt: Prompt, long: bool) -> None:
+        """Send one prompt, retrying retryable failures; holds a slot only while a request runs."""
+        holding = True
+        try:
+            for attempt in range(1, self.options.max_attempts + 1):
+                if attempt > 1:
+                    await self._sleep_unless_stopped(self._backoff(attempt - 1))
+                    if self.stopping:
+                        return
+                    await self._acquire(long)
+                    holding = True
+                error = await self._attempt(ds, prompt, attempt)
+                if error is None:
+                    return
+                self._release(long)
+                holding = False
+                if not error.retryable or attempt == self.options.max_attempts:
+                    ds.progress.failed_ids += 1
+                    return
+                self.retries += 1
+        finally:
+            ds.progress.in_flight -= 1
+            if holding:
+                self._release(long)
+            for wakeup in self._wakeups:
+                wakeup.set()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _attempt(self, ds: _Dataset, prompt: Prompt, attempt: int) -> RequestFailed | None:
+        try:
+            result = await self.client.generate(self._payload(ds, prompt, attempt))
+        except RequestFailed as exc:
+            ds.progress.errors += 1
+            ds.errors.append(ErrorRecord(
+                sample_id=prompt.sample_id, attempt=attempt, error_type=exc.error_type,
+                http_status=exc.http_status, message=str(exc)[:1000], ts=time.time(),
+            ))
+            return exc
+        self._record(ds, prompt, result)
+        return None
+
+    def _record(self, ds: _Dataset, prompt: Prompt, result: GenerateResult) -> None:
+        ds.raw.append(Record(
+            sample_id=prompt.sample_id, output_ids=result.output_ids,
+            prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+            cached_tokens=result.cached_tokens, finish_reason=result.finish_reason,
+            matched_stop=result.matched_stop, e2e_latency=result.e2e_latency, ts=time.time(),
+        ))
+        p = ds.progress
+        p.done += 1
+        p.done_this_run += 1
+        p.completion_tokens += result.completion_tokens
+        p.tokens_this_run += result.completion_tokens
+        if p.done >= p.target:
+            p.finished = time.perf_counter()
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.options.backoff_cap, self.options.backoff_base * 2 ** (attempt - 1))
+        return base * self._rng.uniform(0.5, 1.5)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.progress_interval)
+            self._emit_progress()
+
+    def _emit_progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self)
+
+    def _close(self) -> None:
+        now = time.perf_counter()
+        for ds in self.datasets.values():
+            if ds.progress.finished is None and (not ds.pending or ds.progress.budget_reached):
+                ds.progress.finished = now
+            ds.raw.close()
+            ds.errors.close()
+
+    def progress(self) -> list[DatasetProgress]:
+        return [ds.progress for ds in self.datasets.values()]
+
+
+async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`/server_info` and `/model_info` snapshots; an unreachable server raises ServerUnreachable."""
+    server_info = await client.server_info()
+    try:
+        model_info = await client.model_info()
+    except RequestFailed:
+        model_info = {}
+    return server_info, model_info
+
+
+async def run_generation(
+    manifest: Manifest,
+    client: SGLangClient,
+    out: Path | str,
+    options: GenerateOptions = GenerateOptions(),
+    *,
+    on_start: Callable[[Runner], None] | None = None,
+    on_progress: Callable[[Runner], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Probe the server, prepare the output directory and run; the one call CLI and notebooks use.
+
+    `on_start` receives the prepared runner (e.g. to install signal handlers calling
+    `runner.request_stop`).
+    """
+    server_info, model_info = await probe_server(client)
+    runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
+    runner.prepare(server_info, model_info)
+    if on_start is not None:
+        on_start(runner)
+    return await runner.run()

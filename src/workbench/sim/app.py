@@ -1,0 +1,312 @@
+"""The simulator's HTTP API (SGLang's endpoints and shapes) and its uvicorn server.
+
+Endpoints: POST /generate (single, batch, streaming), GET /health, /health_generate,
+/server_info and /get_server_info, /model_info and /get_model_info, /v1/models, POST
+/flush_cache, and GET /metrics with --enable-metrics. With --api-key every path except the
+/health ones needs `Authorization: Bearer KEY`. Faults apply to /generate only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Any, NoReturn
+
+import msgspec
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive
+
+from workbench.sim.config import SimConfig
+from workbench.sim.middleware import (
+    FAULT_SCOPE_KEY,
+    ApiKeyMiddleware,
+    FaultMiddleware,
+    InflightMiddleware,
+    QuietShutdownMiddleware,
+)
+from workbench.sim.profiles import OutOfMemory
+from workbench.sim.protocol import (
+    GenerateBatch,
+    GenerateItem,
+    InvalidRequest,
+    error_body,
+    json_response,
+    parse_generate,
+)
+from workbench.sim.server import Job, SimServer
+
+__all__ = ["create_app", "serve"]
+
+FLUSH_MESSAGE = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+SHUTDOWN_GRACE_SECONDS = 2
+DONE = b"data: [DONE]\n\n"
+
+
+def _server(request: Request) -> SimServer:
+    server: SimServer = request.app.state.server
+    return server
+
+
+class _Countdown:
+    """An event set once `count` requests finished."""
+
+    def __init__(self, count: int) -> None:
+        self.remaining = count
+        self.event = asyncio.Event()
+
+    def done(self) -> None:
+        self.remaining -= 1
+        if self.remaining <= 0:
+            self.event.set()
+
+
+async def generate(request: Request) -> Response:
+    """POST /generate."""
+    server = _server(request)
+    started = time.perf_counter()
+    try:
+        body = msgspec.json.decode(await request.body())
+    except msgspec.DecodeError as exc:
+        return json_response(error_body(f"Invalid JSON: {exc}"), 400)
+    try:
+        batch = parse_generate(body, server.model, server.limits)
+    except InvalidRequest as exc:
+        return json_response(error_body(str(exc)), 400)
+    if request.scope.get(FAULT_SCOPE_KEY) == "abort":
+        return _final(batch, [server.abort_reply(item, 0.0) for item in batch.items])
+    latency = server.config.fixed_latency
+    if latency is not None:
+        await asyncio.sleep(latency)
+        return _final(batch, [server.fixed_reply(item, latency) for item in batch.items])
+    if batch.stream:
+        return StreamingResponse(_stream(server, batch, started), media_type="text/event-stream")
+    return await _complete(server, batch, started, request.receive)
+
+
+def _shape(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Any:
+    return replies if batch.is_batch else replies[0]
+
+
+def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
+    """Finished replies as JSON, or as one SSE chunk each and [DONE] for a stream."""
+    if not batch.stream:
+        return json_response(_shape(batch, replies))
+    chunks = [_sse(_indexed(batch, index, one)) for index, one in enumerate(replies)]
+    return StreamingResponse(_iterate([*chunks, DONE]), media_type="text/event-stream")
+
+
+async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _complete(
+    server: SimServer, batch: GenerateBatch, started: float, receive: Receive
+) -> Response:
+    countdown = _Countdown(len(batch.items))
+    jobs = [server.start_job(item, stream=False, on_update=countdown.done) for item in batch.items]
+    if not await _finished_before_disconnect(countdown.event, receive):
+        for job in jobs:
+            server.cancel(job)
+        return Response(status_code=499)
+    e2e_latency = time.perf_counter() - started
+    return json_response(_shape(batch, [server.job_reply(job, e2e_latency) for job in jobs]))
+
+
+async def _finished_before_disconnect(event: asyncio.Event, receive: Receive) -> bool:
+    """Wait for `event`; False if the client disconnected first."""
+    finished = asyncio.ensure_future(event.wait())
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((finished, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        finished.cancel()
+        gone.cancel()
+    return event.is_set()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> AsyncIterator[bytes]:
+    """SSE chunks with cumulative text and ids, one per new state of a prompt, then [DONE]."""
+    changed = asyncio.Event()
+    jobs = [server.start_job(item, stream=True, on_update=changed.set) for item in batch.items]
+    sent = [0] * len(jobs)
+    pending = set(range(len(jobs)))
+    try:
+        while pending:
+            await changed.wait()
+            changed.clear()
+            for index in sorted(pending):
+                job = jobs[index]
+                if job.request.generated == sent[index] and not job.request.finished:
+                    continue
+                sent[index] = job.request.generated
+                if job.request.finished:
+                    pending.discard(index)
+                chunk = server.job_reply(job, time.perf_counter() - started)
+                yield _sse(_indexed(batch, index, chunk))
+        yield DONE
+    finally:
+        _cancel_unfinished(server, jobs)
+
+
+def _cancel_unfinished(server: SimServer, jobs: list[Job]) -> None:
+    for job in jobs:
+        if not job.request.finished:
+            server.cancel(job)
+
+
+def _indexed(batch: GenerateBatch, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
+    if batch.is_batch:
+        chunk["index"] = index
+    return chunk
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
+
+async def health(request: Request) -> Response:
+    """GET /health."""
+    return Response(status_code=200)
+
+
+async def health_generate(request: Request) -> Response:
+    """GET /health_generate: one token through the engine."""
+    server = _server(request)
+    if server.config.fixed_latency is None:
+        token = server.model.sim_content_ids[0]
+        item = GenerateItem([token], [token], "health_generate", 1, 0.0, 1.0, -1)
+        countdown = _Countdown(1)
+        server.start_job(item, stream=False, on_update=countdown.done)
+        await countdown.event.wait()
+    return Response(status_code=200)
+
+
+async def server_info(request: Request) -> Response:
+    """GET /server_info and /get_server_info."""
+    return json_response(_server(request).server_info())
+
+
+async def model_info(request: Request) -> Response:
+    """GET /model_info and /get_model_info."""
+    return json_response(_server(request).model_info())
+
+
+async def models(request: Request) -> Response:
+    """GET /v1/models."""
+    return json_response(_server(request).models())
+
+
+async def flush_cache(request: Request) -> Response:
+    """POST /flush_cache: 400 while requests run or wait."""
+    status = 200 if _server(request).flush_cache() else 400
+    return PlainTextResponse(FLUSH_MESSAGE, status_code=status)
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics (only with --enable-metrics)."""
+    body = _server(request).metrics.render()
+    return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -> Starlette:
+    """The simulator as an ASGI app; OutOfMemory when the configuration cannot start.
+
+    `log` receives the scheduler's log lines (none by default).
+    """
+    server = SimServer(config, log=log)
+    routes = [
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/health", health),
+        Route("/health_generate", health_generate),
+        Route("/server_info", server_info),
+        Route("/get_server_info", server_info),
+        Route("/model_info", model_info),
+        Route("/get_model_info", model_info),
+        Route("/v1/models", models),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+    ]
+    if config.enable_metrics:
+        routes.append(Route("/metrics", metrics))
+    middleware = [
+        Middleware(QuietShutdownMiddleware),
+        Middleware(InflightMiddleware, metrics=server.metrics),
+    ]
+    if config.api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, api_key=config.api_key))
+    if server.faults.enabled:
+        middleware.append(Middleware(FaultMiddleware, server=server))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await server.close()
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.server = server
+    return app
+
+
+def _log_line(line: str) -> None:
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[{stamp}] {line}", file=sys.stderr, flush=True)
+
+
+def _exit_on_signal(signum: int, frame: object) -> NoReturn:
+    """Exit cleanly: uvicorn re-raises the signal it handled once its shutdown is done."""
+    raise SystemExit(0)
+
+
+def serve(config: SimConfig) -> None:
+    """Run the simulator until SIGTERM or SIGINT; prints one ready line once listening.
+
+    An impossible memory configuration prints an "out of memory" line to stderr and exits 1,
+    as a server that cannot allocate its KV pool would.
+    """
+    try:
+        app = create_app(config, log=_log_line)
+    except OutOfMemory as exc:
+        print(f"workbench sim: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_on_signal)
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+    )
+    asyncio.run(_serve(uvicorn.Server(uvicorn_config)))
+
+
+async def _serve(server: uvicorn.Server) -> None:
+    sock = server.config.bind_socket()
+    host, port = sock.getsockname()[:2]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host = f"[{host}]" if ":" in host else host
+        print(f"workbench sim ready on http://{host}:{port}", flush=True)
+    await task

@@ -1,0 +1,387 @@
+"""The simulator's continuous-batching engine: one KV pool, a queue, a running batch.
+
+Each `Engine.step()` is one scheduler iteration, modelled on SGLang's:
+
+1. Admission (first come, first served, head of line blocks): a waiting request joins the batch
+   when its tokens plus a reservation for its future output fit in what the pool has left,
+   `free - sum(running reservations) >= tokens + reservation`, with
+   `reservation = new_token_ratio * min(max_new_tokens - generated, 4096)`. The ratio starts at
+   0.7 and decays to 0.1 over 600 steps (SGLang's defaults); requests also stop joining at
+   `max_running_requests` or once the step's prefill budget (`chunked_prefill_size`) is used.
+   Its prompt is looked up in the prefix cache: cached tokens are not prefilled.
+2. Retraction: when the batch's next tokens do not fit, the newest requests go back to the
+   front of the queue (keeping their progress) and the ratio is re-estimated from the batch,
+   `(decoded + 20 * running) / sum(max_new_tokens)`, as SGLang does. A request alone that
+   still does not fit is aborted.
+3. Decode: every running request gains one token; requests that reach their planned output
+   length finish and free their tokens.
+
+The step's duration comes from `step_cost(running, prefilled_tokens, host_loaded_tokens)`
+(see `workbench.sim.profiles.step_seconds`). `step()` changes the state at once;
+`publish()` is called when the step's time has passed: it stamps times, notifies waiters and,
+every `log_interval` decode steps, reports throughput. `EngineLoop` paces steps in real time.
+Work per step is O(running requests) plus O(prompt blocks) for each admitted request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+from typing import NamedTuple, Protocol
+
+from workbench.sim.cache import PrefixCache
+from workbench.sim.profiles import Sizing
+
+__all__ = [
+    "Engine",
+    "EngineLoop",
+    "EngineObserver",
+    "Request",
+    "RequestState",
+    "Step",
+    "StepCost",
+]
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+MAX_LAG_SECONDS = 0.05
+POOL_FULL_MESSAGE = "KV cache pool is full: the request cannot continue alone"
+
+StepCost = Callable[[int, int, int], float]
+
+
+class RequestState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One sequence in the engine: its prompt size and blocks, planned output, progress."""
+
+    __slots__ = (
+        "abort_message",
+        "arrival",
+        "cached_tokens",
+        "finished_at",
+        "first_token_at",
+        "generated",
+        "hashes",
+        "max_new_tokens",
+        "on_update",
+        "output_ids",
+        "prompt_len",
+        "state",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        prompt_len: int,
+        output_ids: list[int],
+        max_new_tokens: int,
+        *,
+        hashes: list[int] | None = None,
+        stream: bool = False,
+        on_update: Callable[[], None] | None = None,
+    ) -> None:
+        self.prompt_len = prompt_len
+        self.output_ids = output_ids
+        self.max_new_tokens = max_new_tokens
+        self.hashes = hashes or []
+        self.stream = stream
+        self.on_update = on_update
+        self.generated = 0
+        self.cached_tokens = 0
+        self.abort_message: str | None = None
+        self.state = RequestState.WAITING
+        self.arrival = 0.0
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens this request holds in the pool while it runs."""
+        return self.prompt_len + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort_message is not None
+
+
+class Step(NamedTuple):
+    """What one scheduler iteration did; published once `duration` has passed."""
+
+    duration: float
+    admitted: list[Request]
+    started: list[Request]
+    updated: list[Request]
+    finished: list[Request]
+    tokens: int
+
+
+class EngineObserver(Protocol):
+    """Receives request timings and the engine's periodic statistics."""
+
+    def on_first_token(self, request: Request) -> None: ...
+
+    def on_finish(self, request: Request) -> None: ...
+
+    def on_stats(self, engine: Engine) -> None: ...
+
+
+class Engine:
+    """Continuous batching over one KV pool (one data-parallel rank)."""
+
+    def __init__(
+        self,
+        sizing: Sizing,
+        step_cost: StepCost,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        observer: EngineObserver | None = None,
+        log: Callable[[str], None] | None = None,
+        log_interval: int = 40,
+    ) -> None:
+        self.sizing = sizing
+        self.capacity = sizing.max_total_num_tokens
+        self.cache = PrefixCache(self.capacity, sizing.host_tokens)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.used_tokens = 0
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.retractions = 0
+        self.last_gen_throughput = 0.0
+        self._step_cost = step_cost
+        self._clock = clock
+        self._observer = observer
+        self._log = log
+        self._log_interval = log_interval
+        self._decode_steps = 0
+        self._tokens_since_log = 0
+        self._last_log_at = clock()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def token_usage(self) -> float:
+        return self.used_tokens / self.capacity
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; it joins the batch at a coming step."""
+        request.arrival = self._clock()
+        self.waiting.append(request)
+
+    def cancel(self, request: Request, message: str) -> None:
+        """Abort a request (its client went away); it leaves the engine at the next step."""
+        if not request.finished:
+            request.abort_message = message
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) while requests run or wait."""
+        if self.has_work:
+            return False
+        self.cache.clear()
+        return True
+
+    def step(self) -> Step:
+        """Run one scheduler iteration: admit, retract if needed, decode one token each."""
+        admitted, prefilled, host_loaded = self._admit()
+        dropped = self._make_room()
+        running = len(self.running)
+        started, updated, finished, tokens = self._decode()
+        self.new_token_ratio = max(
+            MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
+        duration = self._step_cost(running, prefilled, host_loaded)
+        return Step(duration, admitted, started, updated, finished + dropped, tokens)
+
+    def publish(self, step: Step) -> None:
+        """Deliver a step whose time has passed: timestamps, metrics, waiters, logs."""
+        now = self._clock()
+        for request in step.started:
+            request.first_token_at = now
+            if self._observer:
+                self._observer.on_first_token(request)
+        for request in step.finished:
+            request.finished_at = now
+            if self._observer:
+                self._observer.on_finish(request)
+        for request in (*step.updated, *step.finished):
+            if request.on_update is not None:
+                request.on_update()
+        if step.admitted and self._observer:
+            self._observer.on_stats(self)
+        self._count_decode(step, now)
+
+    def decode_log_line(self) -> str:
+        """SGLang's scheduler line for decode batches."""
+        return (
+            f"Decode batch, #running-req: {len(self.running)}, #token: {self.used_tokens}, "
+            f"token usage: {self.token_usage:.2f}, cuda graph: False, "
+            f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+            f"#queue-req: {len(self.waiting)}"
+        )
+
+    def _admit(self) -> tuple[list[Request], int, int]:
+        admitted: list[Request] = []
+        prefilled = host_loaded = 0
+        if not self.waiting:
+            return admitted, prefilled, host_loaded
+        available = self.capacity - self.used_tokens - self._reserved_tokens()
+        while self._may_admit(len(admitted), prefilled):
+            request = self.waiting[0]
+            if request.aborted:
+                self.waiting.popleft()
+                request.state = RequestState.FINISHED
+                continue
+            need = request.kv_tokens + self._reservation(request)
+            if need > available and self.running:
+                break
+            self.waiting.popleft()
+            computed, loaded = self._prefill(request)
+            prefilled += computed
+            host_loaded += loaded
+            available -= need
+            admitted.append(request)
+        self.cache.shrink(self.capacity - self.used_tokens)
+        return admitted, prefilled, host_loaded
+
+    def _may_admit(self, admitted: int, prefilled: int) -> bool:
+        if not self.waiting or len(self.running) >= self.sizing.max_running_requests:
+            return False
+        return admitted == 0 or prefilled < self.sizing.chunked_prefill_size
+
+    def _prefill(self, request: Request) -> tuple[int, int]:
+        """Move a request into the batch; returns (tokens computed, tokens loaded from host)."""
+        hit = self.cache.match(request.hashes)
+        cached = min(hit.tokens, request.prompt_len - 1)
+        loaded = max(0, cached - hit.device_tokens)
+        self.cache.insert(request.hashes)
+        request.cached_tokens += cached
+        request.state = RequestState.RUNNING
+        self.running.append(request)
+        self.used_tokens += request.kv_tokens
+        return request.kv_tokens - cached, loaded
+
+    def _reservation(self, request: Request) -> int:
+        remaining = min(request.max_new_tokens - request.generated, CLIP_MAX_NEW_TOKENS)
+        return int(self.new_token_ratio * max(remaining, 0))
+
+    def _reserved_tokens(self) -> int:
+        return sum(self._reservation(request) for request in self.running)
+
+    def _make_room(self) -> list[Request]:
+        """Retract the newest requests until every running one has room for a token."""
+        while self.running and self.used_tokens + len(self.running) > self.capacity:
+            victim = self.running.pop()
+            self.used_tokens -= victim.kv_tokens
+            if not self.running:
+                victim.abort_message = POOL_FULL_MESSAGE
+                victim.state = RequestState.FINISHED
+                return [victim]
+            victim.state = RequestState.WAITING
+            self.waiting.appendleft(victim)
+            self.retractions += 1
+            self.new_token_ratio = self._ratio_after_retraction()
+        return []
+
+    def _ratio_after_retraction(self) -> float:
+        """SGLang's estimate: (decoded + 20 per request) / max_new_tokens over the batch."""
+        decoded = sum(request.generated for request in self.running)
+        budget = sum(request.max_new_tokens for request in self.running)
+        if budget <= 0:
+            return 1.0
+        return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / budget)
+
+    def _decode(self) -> tuple[list[Request], list[Request], list[Request], int]:
+        still: list[Request] = []
+        started: list[Request] = []
+        updated: list[Request] = []
+        finished: list[Request] = []
+        tokens = 0
+        for request in self.running:
+            if not request.aborted and request.generated < len(request.output_ids):
+                request.generated += 1
+                self.used_tokens += 1
+                tokens += 1
+                if request.generated == 1:
+                    started.append(request)
+            if request.aborted or request.generated >= len(request.output_ids):
+                self.used_tokens -= request.kv_tokens
+                request.state = RequestState.FINISHED
+                finished.append(request)
+            else:
+                still.append(request)
+                if request.stream:
+                    updated.append(request)
+        self.running = still
+        return started, updated, finished, tokens
+
+    def _count_decode(self, step: Step, now: float) -> None:
+        self._tokens_since_log += step.tokens
+        if not step.tokens:
+            return
+        self._decode_steps += 1
+        if self._decode_steps % self._log_interval:
+            return
+        elapsed = now - self._last_log_at
+        self.last_gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
+        self._tokens_since_log = 0
+        self._last_log_at = now
+        if self._observer:
+            self._observer.on_stats(self)
+        if self._log:
+            self._log(self.decode_log_line())
+
+
+class EngineLoop:
+    """Runs an engine in real time: step, sleep its duration / speed, publish, repeat.
+
+    Each step is published at its deadline, never earlier. Sleeps overshoot (the event loop
+    waits in whole milliseconds), so a loop that is late runs the next steps without sleeping
+    until it has caught up, keeping the average pace; it gives up catching up beyond
+    MAX_LAG_SECONDS (the process is then too busy for the requested speed). The loop task
+    starts on the first submit and ends when the engine is idle.
+    """
+
+    def __init__(
+        self, engine: Engine, speed: float = 1.0, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.engine = engine
+        self.speed = speed
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, request: Request) -> None:
+        """Queue a request and make sure the loop runs."""
+        self.engine.submit(request)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop the loop (server shutdown)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        deadline = self._clock()
+        while self.engine.has_work:
+            step = self.engine.step()
+            now = self._clock()
+            deadline = max(deadline, now - MAX_LAG_SECONDS) + step.duration / self.speed
+            await asyncio.sleep(max(0.0, deadline - now))
+            self.engine.publish(step)

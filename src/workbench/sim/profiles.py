@@ -1,0 +1,310 @@
+"""Simulator profiles (a GPU/model pair) and every formula the simulator's model uses.
+
+All sizes are decimal: 1 GB = 1e9 bytes. All formulas live in this module, one function each:
+
+KV bytes per token (`kv_bytes_per_token`)
+    bytes = kv_bytes_per_token_bf16 for bf16, half of it for fp8_e4m3 / fp8_e5m2.
+    `auto` means the profile's `auto_kv_dtype` (what the server picks for the checkpoint).
+    Kimi-K2.5 is MLA: 61 layers x (512 latent + 64 rope) dims x 2 bytes = 70,272 bytes (~70 KB).
+    Under tensor parallelism the MLA latent is replicated, so this is also the cost per rank.
+
+Memory check (`check_memory`): a server fails at start ("out of memory") when
+    weights_gb / tp_size  >=  gpu_mem_gb * mem_fraction_static      (no room left for KV), or
+    gpu_mem_gb * (1 - mem_fraction_static)  <  activation_gb        (activations do not fit).
+
+KV pool (`kv_pool_tokens`, SGLang's max_total_num_tokens, per rank)
+    tokens = (gpu_mem_gb * mem_fraction_static - weights_gb / tp_size) * 1e9 / bytes_per_token
+    Kimi on 8 x 96 GB at 74 GB of weights per rank, bf16: ~40k tokens at 0.80, ~149k at 0.88.
+
+Host cache (`host_pool_tokens`, hierarchical cache only)
+    tokens = hicache_size_gb * 1e9 / bytes_per_token when --hicache-size > 0,
+    otherwise hicache_ratio * device pool tokens (SGLang's default sizing).
+
+Request limits (`default_max_running_requests`, `max_req_input_len`, `prefill_budget`):
+    max_running_requests = min(max(pool_tokens / context_length * 512, 2048), 4096)
+    max_req_input_len    = min(context_length, pool_tokens) - 1
+    prefill budget       = chunked_prefill_size tokens per step (-1: context_length)
+
+Step time (`step_seconds`, model time; the server divides it by --speed)
+    seconds = (step_base_ms
+               + step_per_req_ms * running * dtype_factor     (fp8 KV: slower attention kernels)
+               + prefill_ms_per_token * prefilled_tokens      (newly admitted, not cached)
+               + host_load_ms_per_token * host_loaded_tokens) (prefix hits read back from host)
+              / 1000
+    Kimi: 25 ms + 0.4 ms per running request.
+
+Kimi calibration (150 concurrent prompts of 1k tokens, outputs of 1-3k, max_new_tokens 8-16k),
+against the seeds' measurements (~600 output tok/s untuned, 1,000-1,300 tuned):
+    0.80, auto            80k-token pool, ~22-27 running, ~510-570 tok/s   (untuned)
+    0.80, bf16            40k-token pool, ~11-13 running, ~360-420 tok/s
+    0.88, fp8_e4m3       298k-token pool, ~85-100 running, ~870-910 tok/s
+    0.88, bf16, hicache  149k-token pool, ~42-50 running, ~920-1,020 tok/s (tuned)
+    Assumption behind it: the seed server's `auto` resolved to an FP8 KV cache, and FP8 MLA
+    decode was slower on these GPUs (fp8_step_factor 1.8), which is why the tuned bf16
+    configuration was faster. Set `auto_kv_dtype` to "bf16" if that turns out wrong.
+
+Output lengths (`OutputShape`): reasoning and answer lengths are lognormal with the given
+medians and sigmas; `unclosed_rate` of the samples reason until max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from workbench.errors import ConfigError
+
+__all__ = [
+    "KV_DTYPES",
+    "PROFILES",
+    "OutOfMemory",
+    "OutputShape",
+    "SimProfile",
+    "Sizing",
+    "check_memory",
+    "default_max_running_requests",
+    "get_sim_profile",
+    "host_pool_tokens",
+    "kv_bytes_per_token",
+    "kv_pool_tokens",
+    "max_req_input_len",
+    "plan_sizing",
+    "prefill_budget",
+    "resolve_kv_dtype",
+    "step_seconds",
+]
+
+GB = 1e9
+KV_DTYPES = ("auto", "bf16", "fp8_e4m3", "fp8_e5m2")
+_FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+class OutOfMemory(ConfigError):
+    """The configuration cannot start: weights, activations or the KV pool do not fit."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("mem_fraction_static", f"out of memory: {message}")
+
+
+class OutputShape(msgspec.Struct, frozen=True):
+    """Lognormal output lengths of the simulated model (medians in tokens)."""
+
+    reasoning_median: float
+    reasoning_sigma: float
+    answer_median: float
+    answer_sigma: float
+    unclosed_rate: float = 0.02
+
+
+class SimProfile(msgspec.Struct, frozen=True):
+    """One GPU/model pair: memory sizes, KV cost, step-time constants and output lengths."""
+
+    name: str
+    description: str
+    gpu_mem_gb: float
+    weights_gb: float
+    activation_gb: float
+    kv_bytes_per_token_bf16: int
+    auto_kv_dtype: str
+    context_length: int
+    default_tp_size: int
+    default_mem_fraction_static: float
+    default_chunked_prefill_size: int
+    step_base_ms: float
+    step_per_req_ms: float
+    fp8_step_factor: float
+    prefill_ms_per_token: float
+    host_load_ms_per_token: float
+    output: OutputShape
+
+
+class Sizing(msgspec.Struct, frozen=True):
+    """What a configuration resolves to on one rank, as SGLang reports it."""
+
+    kv_cache_dtype: str
+    kv_bytes_per_token: int
+    max_total_num_tokens: int
+    host_tokens: int
+    max_running_requests: int
+    max_req_input_len: int
+    context_length: int
+    chunked_prefill_size: int
+
+
+PROFILES: dict[str, SimProfile] = {
+    "fast": SimProfile(
+        name="fast",
+        description="tiny model on one 24 GB GPU: a huge pool and millisecond steps, for tests",
+        gpu_mem_gb=24.0,
+        weights_gb=0.5,
+        activation_gb=1.0,
+        kv_bytes_per_token_bf16=16_384,
+        auto_kv_dtype="bf16",
+        context_length=32_768,
+        default_tp_size=1,
+        default_mem_fraction_static=0.80,
+        default_chunked_prefill_size=8192,
+        step_base_ms=1.0,
+        step_per_req_ms=0.01,
+        fp8_step_factor=1.05,
+        prefill_ms_per_token=0.0005,
+        host_load_ms_per_token=0.0001,
+        output=OutputShape(
+            reasoning_median=100, reasoning_sigma=0.5, answer_median=40, answer_sigma=0.5
+        ),
+    ),
+    "kimi-k2.5-8xrtx6000": SimProfile(
+        name="kimi-k2.5-8xrtx6000",
+        description="Kimi-K2.5 (INT4, ~595 GB) with tp 8 on 8 x RTX PRO 6000 Blackwell 96 GB",
+        gpu_mem_gb=96.0,
+        weights_gb=592.0,
+        activation_gb=6.0,
+        kv_bytes_per_token_bf16=61 * (512 + 64) * 2,
+        auto_kv_dtype="fp8_e4m3",
+        context_length=262_144,
+        default_tp_size=8,
+        default_mem_fraction_static=0.80,
+        default_chunked_prefill_size=8192,
+        step_base_ms=25.0,
+        step_per_req_ms=0.4,
+        fp8_step_factor=1.8,
+        prefill_ms_per_token=0.1,
+        host_load_ms_per_token=0.005,
+        output=OutputShape(
+            reasoning_median=1200, reasoning_sigma=0.8, answer_median=400, answer_sigma=0.7
+        ),
+    ),
+}
+
+
+def get_sim_profile(name: str) -> SimProfile:
+    """The simulator profile called `name`, or a ConfigError listing the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ConfigError(
+            "profile", f"unknown simulator profile {name!r} (known: {known})"
+        ) from None
+
+
+def resolve_kv_dtype(profile: SimProfile, kv_cache_dtype: str) -> str:
+    """The concrete KV dtype: `auto` is the profile's (the model's) own dtype."""
+    if kv_cache_dtype not in KV_DTYPES:
+        raise ConfigError("kv_cache_dtype", f"expected one of {', '.join(KV_DTYPES)}")
+    return profile.auto_kv_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
+def kv_bytes_per_token(profile: SimProfile, kv_dtype: str) -> int:
+    """KV bytes one token costs on one rank: half in fp8."""
+    full = profile.kv_bytes_per_token_bf16
+    return full // 2 if kv_dtype in _FP8 else full
+
+
+def check_memory(profile: SimProfile, mem_fraction_static: float, tp_size: int) -> None:
+    """Raise OutOfMemory when the weights or the activations do not fit on a rank."""
+    static_gb = profile.gpu_mem_gb * mem_fraction_static
+    weights_gb = profile.weights_gb / tp_size
+    if weights_gb >= static_gb:
+        raise OutOfMemory(
+            f"weights need {weights_gb:.1f} GB per rank but mem_fraction_static "
+            f"{mem_fraction_static} leaves {static_gb:.1f} GB of {profile.gpu_mem_gb:.0f} GB "
+            f"(tp_size {tp_size}); increase --mem-fraction-static or --tp-size"
+        )
+    free_gb = profile.gpu_mem_gb - static_gb
+    if free_gb < profile.activation_gb:
+        raise OutOfMemory(
+            f"activations need {profile.activation_gb:.1f} GB per rank but mem_fraction_static "
+            f"{mem_fraction_static} leaves {free_gb:.1f} GB; decrease --mem-fraction-static"
+        )
+
+
+def kv_pool_tokens(
+    profile: SimProfile, mem_fraction_static: float, kv_dtype: str, tp_size: int
+) -> int:
+    """Tokens the KV pool of one rank holds (SGLang's max_total_num_tokens)."""
+    free_gb = profile.gpu_mem_gb * mem_fraction_static - profile.weights_gb / tp_size
+    return int(free_gb * GB / kv_bytes_per_token(profile, kv_dtype))
+
+
+def host_pool_tokens(
+    profile: SimProfile,
+    kv_dtype: str,
+    device_tokens: int,
+    hicache_size_gb: float,
+    hicache_ratio: float,
+) -> int:
+    """Tokens the hierarchical cache keeps in host memory on one rank."""
+    if hicache_size_gb > 0:
+        return int(hicache_size_gb * GB / kv_bytes_per_token(profile, kv_dtype))
+    return int(hicache_ratio * device_tokens)
+
+
+def default_max_running_requests(pool_tokens: int, context_length: int) -> int:
+    """SGLang's default request slots: min(max(pool / context * 512, 2048), 4096)."""
+    return min(max(int(pool_tokens / context_length * 512), 2048), 4096)
+
+
+def max_req_input_len(pool_tokens: int, context_length: int) -> int:
+    """The longest prompt the server accepts."""
+    return min(context_length, pool_tokens) - 1
+
+
+def step_seconds(
+    profile: SimProfile,
+    kv_dtype: str,
+    running: int,
+    prefilled_tokens: int,
+    host_loaded_tokens: int,
+) -> float:
+    """Model time of one scheduler step (prefill of new requests plus one decode token each)."""
+    dtype_factor = profile.fp8_step_factor if kv_dtype in _FP8 else 1.0
+    ms = (
+        profile.step_base_ms
+        + profile.step_per_req_ms * running * dtype_factor
+        + profile.prefill_ms_per_token * prefilled_tokens
+        + profile.host_load_ms_per_token * host_loaded_tokens
+    )
+    return ms / 1000.0
+
+
+def prefill_budget(chunked_prefill_size: int | None, profile: SimProfile) -> int:
+    """Prefill tokens admitted per step: unset is the profile's, -1 (no chunking) the context."""
+    if chunked_prefill_size is None:
+        return profile.default_chunked_prefill_size
+    return profile.context_length if chunked_prefill_size == -1 else chunked_prefill_size
+
+
+def plan_sizing(
+    profile: SimProfile,
+    *,
+    mem_fraction_static: float,
+    kv_cache_dtype: str,
+    tp_size: int,
+    enable_hierarchical_cache: bool,
+    hicache_size_gb: float,
+    hicache_ratio: float,
+    max_running_requests: int | None,
+    chunked_prefill_size: int | None,
+) -> Sizing:
+    """Resolve a configuration to pool sizes and limits; OutOfMemory when it cannot start."""
+    check_memory(profile, mem_fraction_static, tp_size)
+    dtype = resolve_kv_dtype(profile, kv_cache_dtype)
+    pool = kv_pool_tokens(profile, mem_fraction_static, dtype, tp_size)
+    if pool < 1024:
+        raise OutOfMemory(
+            f"the KV pool holds only {max(pool, 0)} tokens; increase --mem-fraction-static"
+        )
+    host = 0
+    if enable_hierarchical_cache:
+        host = host_pool_tokens(profile, dtype, pool, hicache_size_gb, hicache_ratio)
+    return Sizing(
+        kv_cache_dtype=dtype,
+        kv_bytes_per_token=kv_bytes_per_token(profile, dtype),
+        max_total_num_tokens=pool,
+        host_tokens=host,
+        max_running_requests=max_running_requests
+        or default_max_running_requests(pool, profile.context_length),
+        max_req_input_len=max_req_input_len(pool, profile.context_length),
+        context_length=profile.context_length,
+        chunked_prefill_size=prefill_budget(chunked_prefill_size, profile),
+    )

@@ -1,0 +1,53 @@
+"""Shared fixtures: simulators on real sockets and the `workbench` command as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workbench.demo import start_simulator
+from workbench.launch import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture
+def start_sim(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start simulators (fast profile, metrics on) on free ports; all are stopped afterwards."""
+    servers: list[ServerProcess] = []
+
+    def start(**args: Any) -> ServerProcess:
+        flags = {"profile": "fast", "enable_metrics": True, "random_seed": 0, **args}
+        server = start_simulator(tmp_path / f"sim-{len(servers)}.log", flags)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def workbench(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run `python -m workbench ARGS` and capture its output."""
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def write_manifest(folder: Path, datasets: list[dict[str, Any]], **top: Any) -> Path:
+    """A dataset manifest (JSON is valid YAML) with the example tokenizer by default."""
+    body = {"model_profile": "kimi-k2.5", "tokenizer": str(EXAMPLES / "tokenizer"),
+            "sampling": {"temperature": 0.0, "max_new_tokens": 256}, "datasets": datasets, **top}
+    path = folder / "datasets.yaml"
+    path.write_text(json.dumps(body, indent=1))
+    return path
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -1,0 +1,236 @@
+"""The runner against httpx.MockTransport servers: retries, budgets, limits, resume, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from workbench.client import SGLangClient
+from workbench.config import Manifest, load_manifest
+from workbench.errors import ResumeMismatch
+from workbench.records import read_rows, read_sample_ids
+from workbench.runner import GenerateOptions, RunSummary, format_progress_line, run_generation
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def write_manifest(tmp: Path, sizes: dict[str, list[int]], extra: str = "", sampling: str = "") -> Manifest:
+    """A manifest with one input_ids dataset per entry; `sizes` lists each prompt's length."""
+    lines = ["model_profile: kimi-k2.5", "sampling:", "  temperature: 0.0", "  max_new_tokens: 64"]
+    lines += [f"  {sampling}"] if sampling else []
+    lines.append("datasets:")
+    for name, lengths in sizes.items():
+        path = tmp / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"sample_id": i, "input_ids": [7] * n}) + "\n"
+                                for i, n in enumerate(lengths)))
+        lines += [f"  - name: {name}", f"    path: {path.name}", "    input: input_ids"]
+        lines += [f"    {extra}"] if extra else []
+    manifest_path = tmp / "datasets.yaml"
+    manifest_path.write_text("\n".join(lines) + "\n")
+    return load_manifest(manifest_path)
+
+
+def sglang_reply(request: httpx.Request, completion: int = 10) -> httpx.Response:
+    body = json.loads(request.content)
+    return httpx.Response(200, json={
+        "text": "x", "output_ids": list(range(completion)),
+        "meta_info": {"id": body["rid"], "prompt_tokens": len(body["input_ids"]),
+                      "completion_tokens": completion, "cached_tokens": 0,
+                      "finish_reason": {"type": "stop", "matched": 163586}, "e2e_latency": 0.01}})
+
+
+class Server:
+    """An async MockTransport handler that counts requests in flight."""
+
+    def __init__(self, respond: Callable[[httpx.Request, int], httpx.Response], delay: float = 0.0):
+        self.respond = respond
+        self.delay = delay
+        self.calls = 0
+        self.in_flight = 0
+        self.peak = 0
+        self.long_in_flight = 0
+        self.long_peak = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path in ("/server_info", "/model_info"):
+            return httpx.Response(200, json={"model_path": "sim/kimi", "version": "test"})
+        self.calls += 1
+        number = self.calls
+        long = len(json.loads(request.content)["input_ids"]) > 100
+        self.in_flight += 1
+        self.long_in_flight += long
+        self.peak = max(self.peak, self.in_flight)
+        self.long_peak = max(self.long_peak, self.long_in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            return self.respond(request, number)
+        finally:
+            self.in_flight -= 1
+            self.long_in_flight -= long
+
+
+async def run(manifest: Manifest, server: Server, out: Path, **options: object) -> RunSummary:
+    opts = GenerateOptions(backoff_base=0.001, progress_interval=60, seed=1, **options)  # type: ignore[arg-type]
+    async with SGLangClient("http://mock", transport=httpx.MockTransport(server)) as client:
+        return await run_generation(manifest, client, out, opts)
+
+
+async def test_every_prompt_written_once_with_the_contract_keys(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 20, "b": [3] * 7})
+    summary = await run(manifest, Server(lambda r, n: sglang_reply(r)), tmp_path / "out")
+    assert {n: p.done for n, p in summary.datasets.items()} == {"a": 20, "b": 7}
+    raw = (tmp_path / "out/a/raw_responses.jsonl").read_text().splitlines()
+    record = json.loads(raw[0])
+    assert list(record) == ["sample_id", "output_ids", "prompt_tokens", "completion_tokens",
+                            "cached_tokens", "finish_reason", "matched_stop", "e2e_latency", "ts", "schema"]
+    assert sorted(json.loads(line)["sample_id"] for line in raw) == list(range(20))
+    prompts = [json.loads(line) for line in (tmp_path / "out/a/prompts.jsonl").read_text().splitlines()]
+    assert prompts[3] == {"sample_id": 3, "input_ids": [7] * 5}
+    run_json = json.loads((tmp_path / "out/run.json").read_text())
+    assert run_json["model"] == "sim/kimi" and run_json["datasets"]["b"]["prompts"] == 7
+    assert run_json["datasets"]["a"]["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1,
+                                                     "max_new_tokens": 64}
+
+
+async def test_sampling_is_sent_explicitly(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5]})
+    bodies: list[dict[str, object]] = []
+
+    def respond(request: httpx.Request, n: int) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return sglang_reply(request)
+
+    await run(manifest, Server(respond), tmp_path / "out", max_new_tokens=9)
+    assert bodies[0]["sampling_params"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 9}
+
+
+async def test_retryable_errors_are_retried_and_recorded(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 10})
+
+    def flaky(request: httpx.Request, n: int) -> httpx.Response:
+        if n % 3 == 0:
+            return httpx.Response(503, json={"error": {"message": "overloaded"}})
+        return sglang_reply(request)
+
+    summary = await run(manifest, Server(flaky), tmp_path / "out")
+    progress = summary.datasets["a"]
+    assert progress.done == 10 and progress.failed_ids == 0 and progress.errors > 0
+    assert summary.retries == progress.errors
+    errors = [json.loads(line) for line in (tmp_path / "out/a/errors.jsonl").read_text().splitlines()]
+    assert len(errors) == progress.errors
+    assert {e["error_type"] for e in errors} == {"server_error"} and errors[0]["http_status"] == 503
+    assert set(errors[0]) == {"sample_id", "attempt", "error_type", "http_status", "message", "ts"}
+
+
+async def test_bad_request_is_not_retried(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5, 500, 5]})
+    server = Server(lambda r, n: httpx.Response(400, json={"error": {"message": "too long"}})
+                    if len(json.loads(r.content)["input_ids"]) > 100 else sglang_reply(r))
+    summary = await run(manifest, server, tmp_path / "out")
+    assert summary.datasets["a"].done == 2 and summary.datasets["a"].failed_ids == 1
+    assert server.calls == 3
+    errors = (tmp_path / "out/a/errors.jsonl").read_text().splitlines()
+    assert len(errors) == 1 and json.loads(errors[0])["message"] == "too long"
+
+
+async def test_attempts_are_capped(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5]})
+    server = Server(lambda r, n: httpx.Response(502, text="bad gateway"))
+    summary = await run(manifest, server, tmp_path / "out", max_attempts=3)
+    assert server.calls == 3 and summary.datasets["a"].failed_ids == 1
+    attempts = [json.loads(line)["attempt"] for line in (tmp_path / "out/a/errors.jsonl").read_text().splitlines()]
+    assert attempts == [1, 2, 3]
+
+
+async def test_concurrency_limits_hold_and_are_reached(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 60 + [200] * 30, "b": [5] * 60})
+    server = Server(lambda r, n: sglang_reply(r), delay=0.02)
+    await run(manifest, server, tmp_path / "out", concurrency=20, long_concurrency=4, long_threshold=100)
+    assert server.peak == 20
+    assert server.long_peak == 4
+
+
+async def test_token_budget_stops_new_requests(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 100}, extra="max_tokens: 100")
+    server = Server(lambda r, n: sglang_reply(r, completion=10), delay=0.01)
+    summary = await run(manifest, server, tmp_path / "out", concurrency=4)
+    progress = summary.datasets["a"]
+    assert 100 <= progress.completion_tokens <= 100 + 4 * 10
+    assert progress.overshoot == progress.completion_tokens - 100
+    assert server.calls == progress.done < 100
+    assert "budget reached" in format_progress_line(progress)
+
+
+async def test_budget_holds_back_requests_in_flight_but_not_other_datasets(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 300, "b": [5] * 300}, extra="max_tokens: 200")
+    server = Server(lambda r, n: sglang_reply(r, completion=10), delay=0.02)
+    summary = await run(manifest, server, tmp_path / "out", concurrency=150)
+    for progress in summary.datasets.values():
+        assert 200 <= progress.completion_tokens <= 200 + 3 * 10
+    assert server.peak > 20  # both datasets were in flight together, each within its budget
+
+
+async def test_resume_skips_done_and_repairs_a_torn_tail(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 10})
+    out = tmp_path / "out"
+    await run(manifest, Server(lambda r, n: sglang_reply(r)), out, max_samples=6)
+    raw = out / "a/raw_responses.jsonl"
+    with raw.open("ab") as fh:
+        fh.write(b'{"sample_id": 9, "output_ids": [1, 2')
+    server = Server(lambda r, n: sglang_reply(r))
+    summary = await run(manifest, server, out)
+    assert server.calls == 4 and summary.datasets["a"].done == 10
+    ids, duplicates = read_sample_ids(raw)
+    assert ids == set(range(10)) and duplicates == []
+    assert (out / "a/raw_responses.jsonl.torn").read_bytes() == b'{"sample_id": 9, "output_ids": [1, 2\n'
+    rows, problems = read_rows(raw)
+    assert len(rows) == 10 and problems == []
+
+
+async def test_resume_refuses_changed_sampling(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    await run(write_manifest(tmp_path, {"a": [5] * 3}), Server(lambda r, n: sglang_reply(r)), out)
+    changed = write_manifest(tmp_path, {"a": [5] * 3}, sampling="top_p: 0.5")
+    with pytest.raises(ResumeMismatch, match="sampling changed"):
+        await run(changed, Server(lambda r, n: sglang_reply(r)), out)
+    summary = await run(changed, Server(lambda r, n: sglang_reply(r)), out, force=True)
+    assert summary.datasets["a"].done == 3
+
+
+async def test_no_resume_moves_old_outputs_aside(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    manifest = write_manifest(tmp_path, {"a": [5] * 3})
+    await run(manifest, Server(lambda r, n: sglang_reply(r)), out)
+    server = Server(lambda r, n: sglang_reply(r))
+    await run(manifest, server, out, resume=False)
+    assert server.calls == 3
+    backups = list((out / "a").glob("raw_responses.jsonl.*.bak"))
+    assert len(backups) == 1 and len(backups[0].read_text().splitlines()) == 3
+
+
+async def test_stop_lets_in_flight_finish_and_sends_nothing_new(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 50})
+    server = Server(lambda r, n: sglang_reply(r), delay=0.2)
+    async with SGLangClient("http://mock", transport=httpx.MockTransport(server)) as client:
+        runners: list[object] = []
+        task = asyncio.create_task(run_generation(
+            manifest, client, tmp_path / "out", GenerateOptions(concurrency=5, progress_interval=60),
+            on_start=runners.append))
+        await asyncio.sleep(0.3)
+        runners[0].request_stop()  # type: ignore[attr-defined]
+        summary = await task
+    assert summary.interrupted
+    assert server.calls == summary.datasets["a"].done < 50
+    assert len((tmp_path / "out/a/raw_responses.jsonl").read_text().splitlines()) == server.calls
