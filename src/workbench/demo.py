@@ -1,7 +1,8 @@
 """`workbench demo`: the whole pipeline on the simulator, start to finish.
 
 Starts the simulator on a free port, generates the example datasets into the output
-directory, and stops the simulator whatever happens.
+directory (stopping the simulator whatever happens), then writes the token-distribution and
+format-validation reports and a training-ready export of the run.
 """
 
 from __future__ import annotations
@@ -46,7 +47,17 @@ def run_demo(
     resume: bool = True,
     say: Callable[[str], None] = lambda message: None,
 ) -> RunSummary:
-    """Generate the example datasets against a fresh simulator; returns the run summary."""
+    """Generate the example datasets, then report on and export them; returns the run summary."""
+    summary = _generate(out, datasets, generate, resume, say)
+    if summary.interrupted:
+        return summary
+    _report(out, say)
+    _export(out, say)
+    return summary
+
+
+def _generate(out: Path, datasets: Path, generate: GenerateFn, resume: bool,
+              say: Callable[[str], None]) -> RunSummary:
     manifest = load_manifest(datasets)
     out.mkdir(parents=True, exist_ok=True)
     server = start_simulator(out / "sim.log")
@@ -56,3 +67,20 @@ def run_demo(
         return generate(manifest, server.url, out, options)
     finally:
         server.stop()
+
+
+def _report(out: Path, say: Callable[[str], None]) -> None:
+    from workbench.reports import demo_reports
+
+    say("writing reports (papermill + nbconvert) ...")
+    for result in demo_reports(out, out / "reports"):
+        say(f"report: {result.html_path}")
+
+
+def _export(out: Path, say: Callable[[str], None]) -> None:
+    from workbench.export import ExportOptions, export_run, format_summary
+
+    target = out / "export" / "train.jsonl"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    summary = export_run(out, target, ExportOptions(drop=("truncated", "reasoning_unclosed")))
+    say(format_summary(summary))

@@ -15,7 +15,8 @@
     │       ├── RequestTimeout      no reply within the timeout: retried
     │       ├── ConnectionLost      connection refused, reset or dropped: retried
     │       └── ProtocolError       a reply that is not SGLang's shape (HTML page, bad JSON)
-    └── LaunchError                 a server process failed to start or died early
+    ├── LaunchError                 a server process failed to start or died early
+    └── ReportError                 a report notebook failed to execute (names the cell)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "ProtocolError",
     "RequestAborted",
     "RequestFailed",
+    "ReportError",
     "RequestTimeout",
     "ResumeMismatch",
     "ServerBusy",
@@ -121,3 +123,7 @@ class ProtocolError(RequestFailed):
 
 class LaunchError(WorkbenchError):
     """A server process could not be started, or exited before it was healthy."""
+
+
+class ReportError(WorkbenchError):
+    """A report notebook failed to execute: names the cell and the exception."""

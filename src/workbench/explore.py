@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.records import RAW_FILE, Row, iter_blocks
 from workbench.stats import RunStats
@@ -103,8 +105,9 @@ class RunOverview:
 
 
 def _number(value: object) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    return float(value) if ok else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def _int(value: object) -> int | None:
@@ -236,6 +239,20 @@ def _groups(frame: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
         yield str(name), group
 
 
+def _names(frame: pd.DataFrame) -> list[str]:
+    """Every dataset of the run (the categories of a record frame), else those present."""
+    values = frame["dataset"]
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return [str(c) for c in values.cat.categories]
+    return list(dict.fromkeys(str(v) for v in values))
+
+
+def _labelled(shaped: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """shaped with its dataset column categorical over names (plots colour by position)."""
+    shaped["dataset"] = pd.Categorical(shaped["dataset"].astype(str), categories=list(names))
+    return shaped
+
+
 def _known(values: pd.Series) -> np.ndarray:
     return values.dropna().to_numpy(dtype="float64")
 
@@ -267,7 +284,7 @@ def histogram(
         total = max(1, int(counts.sum()))
         parts.append(pd.DataFrame({"dataset": name, "left": edges[:-1], "right": edges[1:],
                                    "count": counts, "share": counts / total}))
-    return _concat(parts, ["dataset", "left", "right", "count", "share"])
+    return _labelled(_concat(parts, ["dataset", "left", "right", "count", "share"]), _names(frame))
 
 
 def cdf(frame: pd.DataFrame, column: str = "completion_tokens", *, points: int = 300) -> pd.DataFrame:
@@ -280,7 +297,7 @@ def cdf(frame: pd.DataFrame, column: str = "completion_tokens", *, points: int =
         fraction = np.arange(1, values.size + 1) / values.size
         keep = np.unique(np.linspace(0, values.size - 1, min(points, values.size)).round().astype(int))
         parts.append(pd.DataFrame({"dataset": name, "value": values[keep], "fraction": fraction[keep]}))
-    return _concat(parts, ["dataset", "value", "fraction"])
+    return _labelled(_concat(parts, ["dataset", "value", "fraction"]), _names(frame))
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -314,9 +331,9 @@ def reasoning_summary(frame: pd.DataFrame) -> pd.DataFrame:
             "unclosed": int((~split["closed"].astype(bool)).sum()),
             "unclosed_stop": int(((~split["closed"].astype(bool)) & (split["finish_reason"] == "stop")).sum()),
         })
-    return pd.DataFrame(rows, columns=["dataset", "records", "mean_reasoning", "mean_answer",
-                                       "median_reasoning", "median_answer", "reasoning_share",
-                                       "unclosed", "unclosed_stop"])
+    columns = ["dataset", "records", "mean_reasoning", "mean_answer", "median_reasoning",
+               "median_answer", "reasoning_share", "unclosed", "unclosed_stop"]
+    return _labelled(pd.DataFrame(rows, columns=columns), _names(frame))
 
 
 def finish_mix(frame: pd.DataFrame, overview: RunOverview) -> pd.DataFrame:
@@ -332,8 +349,8 @@ def finish_mix(frame: pd.DataFrame, overview: RunOverview) -> pd.DataFrame:
             rows.append({"dataset": name, "reason": str(reason), "count": int(count),
                          "share": int(count) / len(group), "truncation_rate": rate,
                          "max_new_tokens": overview.max_new_tokens.get(name)})
-    return pd.DataFrame(rows, columns=["dataset", "reason", "count", "share", "truncation_rate",
-                                       "max_new_tokens"])
+    columns = ["dataset", "reason", "count", "share", "truncation_rate", "max_new_tokens"]
+    return _labelled(pd.DataFrame(rows, columns=columns), _names(frame))
 
 
 def _reason_order(reason: str) -> tuple[int, str]:
@@ -419,8 +436,8 @@ def findings_table(report: ValidationReport) -> pd.DataFrame:
         if not ds.findings:
             rows.append({"dataset": name, "rule": None, "severity": "ok", "count": 0,
                          "rate": None, "records": ds.records, "default_severity": None})
-    return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "count", "rate", "records",
-                                       "default_severity"])
+    columns = ["dataset", "rule", "severity", "count", "rate", "records", "default_severity"]
+    return _labelled(pd.DataFrame(rows, columns=columns), list(report.datasets))
 
 
 def _rows_at(path: Path, lines: set[int]) -> dict[int, Row]:
@@ -441,7 +458,9 @@ def _decoder(tokenizer: str | os.PathLike[str] | None) -> Any:
         return None
     from workbench.prompts import load_tokenizer
 
-    return load_tokenizer(tokenizer)
+    with warnings.catch_warnings():  # tqdm, imported by transformers, warns in a kernel without widgets
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        return load_tokenizer(Path(tokenizer))
 
 
 def _id_names(profile: ModelProfile) -> dict[int, str]:
@@ -512,7 +531,7 @@ def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder
 
 def _bucket_seconds(span: float, buckets: int) -> int:
     wanted = max(span / max(1, buckets), 1.0)
-    return next((s for s in _NICE_SECONDS if s >= wanted), int(math.ceil(wanted / 86400)) * 86400)
+    return next((s for s in _NICE_SECONDS if s >= wanted), math.ceil(wanted / 86400) * 86400)
 
 
 def _failure_times(ds: DatasetDir, checker: RecordChecker) -> Iterator[tuple[float, Iterable[str]]]:
@@ -535,35 +554,55 @@ def findings_over_time(
 
     Buckets are a round number of seconds (about `buckets` over the run's time span), from
     record ``ts``; records without one are left out. Columns: dataset, start (UTC datetime),
-    seconds, records, rule, count, rate; a bucket with records but no failure has rule None.
+    seconds, records, rule, count, rate: one row per dataset, bucket and rule that failed
+    anywhere in the run (rule None when none did); rate is NaN in a bucket without records.
     """
     run = load_run(run_dir)
     profile = run.profile(model_profile)
-    events = []
+    events: list[tuple[str, float, Iterable[str]]] = []
     for ds in run.datasets:
         checker = RecordChecker(profile, reasoning=reasoning_expected(profile, ds.chat_template_kwargs))
         events.extend((ds.name, ts, rules) for ts, rules in _failure_times(ds, checker))
+    names = [ds.name for ds in run.datasets]
     if not events:
-        return pd.DataFrame(columns=["dataset", "start", "seconds", "records", "rule", "count", "rate"])
+        columns = ["dataset", "start", "seconds", "records", "rule", "count", "rate"]
+        return _labelled(pd.DataFrame(columns=columns), names)
     times = np.array([ts for _, ts, _ in events])
     width = _bucket_seconds(float(times.max() - times.min()), buckets)
-    return _bucketed(events, width)
+    return _labelled(_bucketed(events, width), names)
+
+
+_Tallies = tuple[dict[tuple[str, float], int], dict[tuple[str, float, str], int]]
+
+
+def _tally(events: list[tuple[str, float, Iterable[str]]], width: int) -> _Tallies:
+    """Records per (dataset, bucket start) and failures per (dataset, bucket start, rule)."""
+    records: dict[tuple[str, float], int] = {}
+    failures: dict[tuple[str, float, str], int] = {}
+    for name, ts, failed in events:
+        key = (name, math.floor(ts / width) * width)
+        records[key] = records.get(key, 0) + 1
+        for rule in failed:
+            failures[(*key, rule)] = failures.get((*key, rule), 0) + 1
+    return records, failures
 
 
 def _bucketed(events: list[tuple[str, float, Iterable[str]]], width: int) -> pd.DataFrame:
-    records: dict[tuple[str, float], int] = {}
-    failures: dict[tuple[str, float, str], int] = {}
-    for name, ts, rules in events:
-        key = (name, math.floor(ts / width) * width)
-        records[key] = records.get(key, 0) + 1
-        for rule in rules:
-            failures[(*key, rule)] = failures.get((*key, rule), 0) + 1
-    rows = [{"dataset": n, "start": s, "seconds": width, "records": records[(n, s)], "rule": r,
-             "count": c, "rate": c / records[(n, s)]} for (n, s, r), c in failures.items()]
-    failed = {(n, s) for n, s, _ in failures}
-    rows += [{"dataset": n, "start": s, "seconds": width, "records": c, "rule": None, "count": 0,
-              "rate": 0.0} for (n, s), c in records.items() if (n, s) not in failed]
-    frame = pd.DataFrame(rows).sort_values(["dataset", "start"], kind="stable", ignore_index=True)
+    """Every bucket from the first record's to the last one's, per dataset (empty ones with
+    0 records and rate NaN, so plotted lines break where nothing was written)."""
+    records, failures = _tally(events, width)
+    starts = [start for _, start in records]
+    grid = np.arange(min(starts), max(starts) + width, width).tolist()
+    rules: list[str | None] = [*sorted({rule for _, _, rule in failures})] or [None]
+    rows = []
+    for name in dict.fromkeys(name for name, _ in records):
+        for start in grid:
+            count = records.get((name, start), 0)
+            for rule in rules:  # rule None: one row per bucket when no rule failed
+                hits = failures.get((name, start, rule), 0) if rule else 0
+                rows.append({"dataset": name, "start": start, "seconds": width, "records": count,
+                             "rule": rule, "count": hits, "rate": hits / count if count else math.nan})
+    frame = pd.DataFrame(rows)
     frame["start"] = pd.to_datetime(frame["start"], unit="s", utc=True)
     return frame
 
@@ -581,10 +620,14 @@ def filter_records(
     unclosed: bool = False,
 ) -> pd.DataFrame:
     """The rows that pass every given filter: one dataset, one finish reason, truncated
-    (finish "length"), at least `min_completion_tokens`, reasoning without a think-end id."""
+    (finish "length"), at least `min_completion_tokens`, reasoning without a think-end id.
+    ConfigError for a dataset the run does not have."""
     keep = pd.Series(True, index=frame.index)
     if dataset is not None:
-        keep &= frame["dataset"] == dataset
+        if dataset not in _names(frame):
+            known = ", ".join(_names(frame)) or "none"
+            raise ConfigError("dataset", f"unknown dataset {dataset!r} (known: {known})")
+        keep &= (frame["dataset"] == dataset).astype(bool)
     if finish_reason is not None:
         keep &= frame["finish_reason"] == finish_reason
     if truncated:
@@ -592,7 +635,7 @@ def filter_records(
     if min_completion_tokens is not None:
         keep &= (frame["completion_tokens"] >= min_completion_tokens).fillna(False).astype(bool)
     if unclosed:
-        keep &= (frame["closed"] == False).fillna(False).astype(bool)  # noqa: E712 (NA-aware)
+        keep &= frame["closed"].eq(False).fillna(False).astype(bool)
     return frame[keep]
 
 

@@ -1,0 +1,398 @@
+"""Reports: parameterized notebooks executed with papermill, exported to offline HTML.
+
+``run_report(name, params_file, overrides, out_dir)`` executes ``notebooks/NAME.ipynb`` and
+writes ``OUT_DIR/NAME-<YYYYmmdd-HHMMSS>/NAME.ipynb`` (the executed notebook) and
+``NAME.html`` (code hidden, plotly.js inlined once, so it opens without a network).
+
+Parameters. A notebook declares its parameters in the cell tagged ``parameters``, one plain
+literal each (``name = literal`` or ``name: type = literal``). A parameter file is a YAML
+mapping of some of them; ``-p key=value`` overrides are YAML scalars. Unknown keys and
+values of the wrong type raise ConfigError naming the key and the file (or ``-p``). The
+values of ``run_dir`` and ``tokenizer`` are paths: relative ones are resolved against the
+parameter file's folder (the current directory for overrides). The kernel runs in the
+notebook's folder, so the notebook's own defaults mean what they mean in JupyterLab.
+
+Execution. The kernel is ipykernel on this very interpreter (whatever kernelspecs are
+installed). A cell that raises stops the run with ReportError naming the cell (its index in
+the source notebook and its first line) and the exception; the executed notebook is kept.
+
+Values for tools and tests. Blocks built by :mod:`workbench.plots` carry the data they show
+as JSON under the output mimetype ``application/vnd.workbench.data+json``; papermill records
+it in the executed notebook, and :func:`cell_data` reads it back by cell tag: the
+``summary`` cell of token_distribution holds ``workbench stats --json``, the ``validation``
+cell of format_validation ``workbench validate --json``.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import os
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from workbench.config import load_yaml_params
+from workbench.errors import ConfigError, ReportError
+
+__all__ = [
+    "DATA_MIME",
+    "DEMO_REPORTS",
+    "PATH_PARAMETERS",
+    "REPORTS",
+    "ReportResult",
+    "cell_data",
+    "demo_reports",
+    "export_html",
+    "load_parameters",
+    "notebook_parameters",
+    "notebooks_dir",
+    "parse_overrides",
+    "run_report",
+]
+
+DATA_MIME = "application/vnd.workbench.data+json"
+REPORTS = ("token_distribution", "format_validation", "explore")
+DEMO_REPORTS = ("token_distribution", "format_validation")
+PATH_PARAMETERS = ("run_dir", "tokenizer")
+DEFAULT_OUT = Path("outputs/reports")
+_TYPE_NAMES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
+                               "list": list, "dict": dict, "Any": Any}
+
+_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}<style type="text/css">
+body.jp-Notebook { max-width: 1320px; margin: 0 auto; padding: 24px 32px 48px; background: #fff; }
+.jp-Notebook .jp-Cell { padding: 0; }
+.jp-RenderedHTMLCommon { font-family: Inter, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif;
+  font-size: 14px; color: #1f2933; padding-right: 0; }
+.jp-RenderedHTMLCommon h2 { font-size: 20px; margin: 28px 0 4px; padding-top: 14px;
+  border-top: 1px solid #e4e7eb; font-weight: 650; }
+.jp-RenderedHTMLCommon p { color: #3e4c59; max-width: 960px; }
+.jp-RenderedMarkdown.jp-RenderedHTMLCommon { padding-left: 0; }
+.jp-OutputArea-output { overflow-x: auto; }
+.jp-OutputArea-output pre { font-size: 12px; }
+</style>{%- endblock extra_css -%}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    """Where a report was written, and the parameters it was given."""
+
+    name: str
+    html_path: Path
+    notebook_path: Path
+    parameters: Mapping[str, Any]
+
+
+# --- notebooks and their parameters ----------------------------------------------------------
+
+
+def notebooks_dir() -> Path:
+    """The notebooks folder: ./notebooks when it exists, else the source checkout's."""
+    here = Path.cwd() / "notebooks"
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _notebook_path(name: str, folder: Path | None) -> Path:
+    path = (folder or notebooks_dir()) / f"{name}.ipynb"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.ipynb"))) or "none"
+        raise ConfigError("NAME", f"no report notebook {name!r} in {path.parent} (known: {known})")
+    return path
+
+
+def _parameters_source(notebook: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return str(cell.source)
+    raise ConfigError("", "no cell tagged 'parameters'", str(notebook))
+
+
+def _annotation(node: ast.expr, where: str) -> Any:
+    """The type an annotation names: plain types, None, ``Optional[T]`` and ``T | U``."""
+    if isinstance(node, ast.Name) and node.id in _TYPE_NAMES:
+        return _TYPE_NAMES[node.id]
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Optional":
+        return _annotation(node.slice, where) | None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _annotation(node.left, where) | _annotation(node.right, where)
+    raise ConfigError("", f"parameter type {ast.unparse(node)!r} is not a plain type", where)
+
+
+def _literal_type(value: object) -> Any:
+    return Any if value is None else type(value)
+
+
+def _assignment(node: ast.stmt, where: str) -> tuple[str, ast.expr, ast.expr | None]:
+    """(name, value, annotation) of one statement of a parameters cell."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+        return node.target.id, node.value, node.annotation
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id, node.value, None
+    raise ConfigError("", f"parameters cell line {node.lineno}: expected name = literal", where)
+
+
+def notebook_parameters(notebook: str | os.PathLike[str]) -> dict[str, tuple[Any, Any]]:
+    """name -> (type, default) of the notebook's ``parameters`` cell.
+
+    The type is the annotation when given (``x: Optional[int] = None``; papermill reads
+    that spelling, not ``int | None``), else the default's type (Any for None). Imports
+    (``from typing import Optional``) are skipped; any other statement that is not a
+    literal assignment is a ConfigError.
+    """
+    where = str(notebook)
+    found: dict[str, tuple[Any, Any]] = {}
+    for node in ast.parse(_parameters_source(Path(notebook))).body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        name, value, annotation = _assignment(node, where)
+        try:
+            default = ast.literal_eval(value)
+        except ValueError:
+            raise ConfigError(name, "default is not a plain literal", where) from None
+        kind = _literal_type(default) if annotation is None else _annotation(annotation, where)
+        found[name] = (kind, default)
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def _struct(items: tuple[tuple[str, Any], ...]) -> type[msgspec.Struct]:
+    """A struct of optional fields (UNSET when not given) for the given (name, type)."""
+    fields = [(name, kind | msgspec.UnsetType, msgspec.UNSET) for name, kind in items]  # type: ignore[operator]
+    return msgspec.defstruct("ReportParameters", fields, forbid_unknown_fields=True, kw_only=True)
+
+
+def _struct_for(parameters: Mapping[str, tuple[Any, Any]]) -> type[msgspec.Struct]:
+    return _struct(tuple((name, kind) for name, (kind, _) in parameters.items()))
+
+
+def _given(value: msgspec.Struct) -> dict[str, Any]:
+    return {k: v for k, v in msgspec.structs.asdict(value).items() if v is not msgspec.UNSET}
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` as a dict, each value read as a YAML scalar (``true``, ``3``,
+    ``null``, ``a/b``); ConfigError for an item without ``=`` or with a non-scalar value."""
+    found: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("-p", f"expected key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, dict | list):
+            raise ConfigError(key.strip(), f"expected a scalar value, got {text!r}", "-p")
+        found[key.strip()] = value
+    return found
+
+
+def _check_overrides(overrides: Mapping[str, Any], struct: type[msgspec.Struct]) -> dict[str, Any]:
+    known = struct.__struct_fields__
+    checked: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ConfigError(key, f"unknown parameter (known: {', '.join(known)})", "-p")
+        try:
+            checked.update(_given(msgspec.convert({key: value}, struct, str_keys=True)))
+        except msgspec.ValidationError as exc:
+            message = str(exc).split(" - at ")[0]
+            raise ConfigError(key, f"{message[0].lower()}{message[1:]}", "-p") from None
+    return checked
+
+
+def _resolved(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(values)
+    for key in PATH_PARAMETERS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = str((base / Path(out[key]).expanduser()).resolve())
+    return out
+
+
+def load_parameters(
+    notebook: str | os.PathLike[str],
+    params_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The parameters to inject: the file's, then the overrides', checked against the
+    notebook's parameters cell, path parameters made absolute."""
+    struct = _struct_for(notebook_parameters(notebook))
+    values: dict[str, Any] = {}
+    if params_file is not None:
+        loaded = load_yaml_params(Path(params_file), struct, source=str(params_file))
+        values = _resolved(_given(loaded), Path(params_file).resolve().parent)
+    values.update(_resolved(_check_overrides(overrides or {}, struct), Path.cwd()))
+    return values
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def _kernel_manager_class() -> type:
+    from jupyter_client.kernelspec import KernelSpec
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+    from traitlets import default
+
+    class InterpreterKernelManager(AsyncKernelManager):  # type: ignore[misc]
+        """ipykernel on the running interpreter, whatever kernelspecs are installed; over
+        local sockets where there are (no TCP port, nothing to eavesdrop on)."""
+
+        @default("transport")
+        def _default_transport(self) -> str:
+            return "tcp" if sys.platform == "win32" else "ipc"
+
+        @default("ip")
+        def _default_ip(self) -> str:
+            if self.transport != "ipc":
+                return "127.0.0.1"
+            folder = Path(jupyter_runtime_dir())
+            folder.mkdir(parents=True, exist_ok=True)
+            return str(folder / f"workbench-{uuid.uuid4().hex[:12]}-ipc")  # socket path prefix
+
+        @property
+        def kernel_spec(self) -> KernelSpec:
+            if self._kernel_spec is None:
+                self._kernel_spec = KernelSpec(
+                    argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    display_name="Python (workbench)", language="python")
+            return self._kernel_spec
+
+    return InterpreterKernelManager
+
+
+def _report_folder(out_dir: Path, name: str, now: float) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        folder = out_dir / (f"{name}-{stamp}" if attempt == 1 else f"{name}-{stamp}-{attempt}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise ReportError(f"{out_dir}: cannot create a report folder for {name}")
+
+
+def _source_index(executed: Path, cell_index: int) -> int:
+    """The failing cell's index in the source notebook (papermill inserts one cell)."""
+    import nbformat
+
+    cells = nbformat.read(executed, as_version=4).cells
+    injected = [i for i, c in enumerate(cells) if "injected-parameters" in c.metadata.get("tags", [])]
+    return cell_index - 1 if injected and injected[0] < cell_index else cell_index
+
+
+def _failure(name: str, executed: Path, exc: Any) -> ReportError:
+    lines = [line for line in str(exc.source).splitlines() if line.strip()]
+    first = lines[0].strip() if lines else ""
+    index = _source_index(executed, exc.cell_index)
+    return ReportError(f"{name}: cell {index} ({first}) raised {exc.ename}: {exc.evalue} "
+                       f"(executed notebook: {executed})")
+
+
+def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str, Any],
+             timeout: float | None) -> None:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(executed), parameters=dict(parameters), kernel_name="python3",
+            progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout,
+            kernel_manager_class=_kernel_manager_class())
+    except PapermillExecutionError as exc:
+        raise _failure(name, executed, exc) from None
+    except (RuntimeError, TimeoutError, OSError) as exc:  # a dead kernel, a cell timeout,
+        # a kernel that would not start (nbclient's errors derive from the first two)
+        raise ReportError(f"{name}: execution failed: {type(exc).__name__}: {exc} "
+                          f"(executed notebook: {executed})") from None
+
+
+def export_html(notebook: str | os.PathLike[str], html_path: str | os.PathLike[str], title: str) -> Path:
+    """An executed notebook as one self-contained HTML page: code and prompts hidden, no
+    script loaded from the network (figures carry plotly.js inline)."""
+    import jinja2
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(
+        template_name="lab", exclude_input=True, exclude_input_prompt=True,
+        exclude_output_prompt=True, extra_loaders=[jinja2.DictLoader({"workbench.html.j2": _TEMPLATE})],
+        template_file="workbench.html.j2")
+    nb = nbformat.read(notebook, as_version=4)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    path = Path(html_path)
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def run_report(
+    name: str,
+    params_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
+    *,
+    notebooks: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> ReportResult:
+    """Execute notebooks/NAME.ipynb with the parameters and export it to HTML.
+
+    `timeout` bounds each cell (seconds; None: no bound). ConfigError for an unknown report
+    or bad parameters (before any kernel starts), ReportError when a cell fails.
+    """
+    notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
+    parameters = load_parameters(notebook, params_file, overrides)
+    folder = _report_folder(Path(out_dir), name, time.time())
+    executed = folder / f"{name}.ipynb"
+    _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
+    title = name.replace("_", " ").capitalize()
+    html_path = export_html(executed, folder / f"{name}.html", title)
+    return ReportResult(name, html_path.resolve(), executed.resolve(), parameters)
+
+
+def demo_reports(
+    run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] = DEFAULT_OUT
+) -> list[ReportResult]:
+    """The reports `workbench demo` writes after generating: DEMO_REPORTS with their
+    ``params/NAME.demo.yaml`` files, ``run_dir`` set to the demo's run."""
+    params = notebooks_dir().parent / "params"
+    run = {"run_dir": str(Path(run_dir).resolve())}
+    return [run_report(name, params / f"{name}.demo.yaml", run, out_dir) for name in DEMO_REPORTS]
+
+
+# --- reading results back --------------------------------------------------------------------
+
+
+def cell_data(notebook: str | os.PathLike[str], tag: str) -> Any:
+    """The DATA_MIME payload of the executed cell tagged `tag` (its last one); KeyError if
+    no such cell holds one."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if tag not in cell.get("metadata", {}).get("tags", []):
+            continue
+        payloads = [out["data"][DATA_MIME] for out in cell.get("outputs", [])
+                    if DATA_MIME in out.get("data", {})]
+        if payloads:
+            return copy.deepcopy(payloads[-1])
+    raise KeyError(f"{notebook}: no cell tagged {tag!r} with {DATA_MIME} output")

@@ -1,0 +1,215 @@
+"""Figure builders and report blocks, and the shaping they draw, on a small hand-made run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+
+from workbench import explore, plots
+from workbench.errors import ConfigError
+from workbench.records import PromptRecord, Record, encode_line
+from workbench.stats import collect_stats
+from workbench.validate import validate_run
+
+THINK_END, IM_END = 163607, 163586
+SCRIPT = "<script>window.__pwned=1</script>"
+T0 = 1_750_000_000.0
+
+
+def record(sid: Any, ids: list[int], *, finish: str = "stop", ts: float = T0, prompt: int = 10) -> Record:
+    return Record(sample_id=sid, output_ids=ids, prompt_tokens=prompt, completion_tokens=len(ids),
+                  cached_tokens=0, finish_reason=finish, matched_stop=IM_END if finish == "stop" else None,
+                  e2e_latency=1.0, ts=ts)
+
+
+def write_run(out: Path) -> Path:
+    """Two datasets: "a" (thinking on, one reply cut, one unclosed), "b" (thinking off)."""
+    a = [record(0, [1, 2, 3, THINK_END, 4, 5, IM_END], ts=T0),
+         record(1, [1] * 8, finish="length", ts=T0 + 10),
+         record(2, [1, 2, IM_END], ts=T0 + 20),
+         record(SCRIPT, [7, THINK_END, IM_END], ts=T0 + 30)]
+    b = [record(i, [9] * (i + 1) + [IM_END], ts=T0 + i, prompt=100 * (i + 1)) for i in range(5)]
+    for name, rows in (("a", a), ("b", b)):
+        folder = out / name
+        folder.mkdir(parents=True)
+        (folder / "raw_responses.jsonl").write_bytes(b"".join(encode_line(r) for r in rows))
+        prompts = [r.sample_id for r in rows if r.sample_id != SCRIPT]
+        (folder / "prompts.jsonl").write_bytes(
+            b"".join(encode_line(PromptRecord(sample_id=p, input_ids=[1, 2])) for p in prompts))
+    manifest = {
+        "model": "m", "model_profile": "kimi-k2.5", "created": T0, "updated": T0 + 30,
+        "datasets": {
+            "a": {"prompts": 4, "max_tokens": 100, "sampling": {"max_new_tokens": 8},
+                  "chat_template_kwargs": {"thinking": True}},
+            "b": {"prompts": 6, "sampling": {"max_new_tokens": 16}, "chat_template_kwargs": {"thinking": False}},
+        },
+    }
+    (out / "run.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "out")
+
+
+@pytest.fixture
+def frame(run: Path) -> pd.DataFrame:
+    return explore.record_frame(run)
+
+
+# --- shaping ---------------------------------------------------------------------------------
+
+
+def test_record_frame_splits_at_the_think_end_id(frame: pd.DataFrame) -> None:
+    a = frame[frame["dataset"] == "a"].set_index("line")
+    assert a.loc[1, ["reasoning_tokens", "answer_tokens", "closed"]].tolist() == [3, 2, True]
+    assert a.loc[2, ["reasoning_tokens", "answer_tokens", "closed"]].tolist() == [8, 0, False]
+    assert a.loc[3, ["reasoning_tokens", "answer_tokens", "closed"]].tolist() == [2, 0, False]
+    b = frame[frame["dataset"] == "b"]
+    assert b["closed"].isna().all() and b["reasoning_tokens"].eq(0).all()  # thinking off
+    assert b["answer_tokens"].tolist() == [1, 2, 3, 4, 5]
+    assert list(frame["dataset"].cat.categories) == ["a", "b"]
+
+
+def test_distributions_share_bins_and_sum_to_one(frame: pd.DataFrame) -> None:
+    for log in (False, True):
+        hist = explore.histogram(frame, log=log, bins=5)
+        assert hist.groupby("dataset", observed=True)["share"].sum().round(9).tolist() == [1.0, 1.0]
+        assert hist.groupby("dataset", observed=True)["count"].sum().tolist() == [4, 5]
+    curve = explore.cdf(frame)
+    assert curve.groupby("dataset", observed=True)["fraction"].max().tolist() == [1.0, 1.0]
+
+
+def test_reasoning_summary_and_finish_mix(run: Path, frame: pd.DataFrame) -> None:
+    summary = explore.reasoning_summary(frame)
+    assert summary["dataset"].tolist() == ["a"]  # b has thinking off
+    assert summary.loc[0, "unclosed"] == 2 and summary.loc[0, "unclosed_stop"] == 1
+    mix = explore.finish_mix(frame, explore.run_overview(run))
+    a = mix[mix["dataset"] == "a"].set_index("reason")
+    assert a["count"].to_dict() == {"stop": 3, "length": 1}
+    assert a["truncation_rate"].iloc[0] == 0.25 and a["max_new_tokens"].iloc[0] == 8
+
+
+def test_budget_table_remaining_and_projection(run: Path, frame: pd.DataFrame) -> None:
+    stats = collect_stats(run, now=T0 + 40)
+    table = explore.budget_table(stats, frame).set_index("dataset")
+    assert table.loc["a", "max_tokens"] == 100 and table.loc["a", "budget_used"] == pytest.approx(21 / 100)
+    assert table.loc["b", "remaining_tokens"] == pytest.approx(1 * (20 / 5))  # 1 record left, mean 4
+    assert table.loc["b", "tokens_per_s_run"] == pytest.approx(20 / 5)  # 20 tokens from T0-1 to T0+4
+    assert table.loc["a", "finished"] and table.loc["a", "remaining_tokens"] == 0  # 4 of 4 records
+    assert table.loc["total", "remaining_tokens"] == pytest.approx(0 + 4)
+    assert table.loc["b", "projected_s"] == pytest.approx(4 / stats.datasets["b"].tokens_per_s)
+
+
+def test_filters_and_unknown_dataset(frame: pd.DataFrame) -> None:
+    assert len(explore.filter_records(frame, truncated=True)) == 1
+    assert len(explore.filter_records(frame, unclosed=True)) == 2
+    assert len(explore.filter_records(frame, dataset="b", min_completion_tokens=4)) == 3
+    assert len(explore.filter_records(frame, finish_reason="stop", dataset="a")) == 3
+    with pytest.raises(ConfigError, match="dataset: unknown dataset 'c' \\(known: a, b\\)"):
+        explore.filter_records(frame, dataset="c")
+
+
+def test_samples_as_ids_without_a_tokenizer(run: Path, frame: pd.DataFrame) -> None:
+    shown = explore.samples(run, frame[frame["dataset"] == "a"], n=10)
+    first = shown[0]
+    assert (first.reasoning, first.answer, first.decoded) == ("1 2 3 </think>", "4 5 <end>", False)
+    assert [s.sample_id for s in shown] == [0, 1, 2, SCRIPT]
+    assert shown[1].answer == "" and shown[1].reasoning == " ".join(["1"] * 8)
+
+
+def test_validation_shaping(run: Path) -> None:
+    report = validate_run(run, workers=1)
+    table = explore.findings_table(report)
+    assert set(table["dataset"]) == {"a", "b"}
+    assert ("a", "orphan_response") in set(zip(table["dataset"], table["rule"], strict=True))
+    examples = explore.examples_table(report, run, chars=40)
+    orphan = examples[examples["rule"] == "orphan_response"].iloc[0]
+    assert orphan["sample_id"] == SCRIPT and orphan["excerpt"] == "7 </think> <end>"
+    over = explore.findings_over_time(run, buckets=3)
+    assert over["seconds"].iloc[0] == 10
+    unclosed = over[(over["dataset"] == "a") & (over["rule"] == "reasoning_unclosed")]
+    assert unclosed["count"].sum() == 1 and unclosed["records"].sum() == 4
+
+
+# --- blocks and figures ----------------------------------------------------------------------
+
+
+def test_blocks_escape_model_text_and_carry_data(run: Path, frame: pd.DataFrame) -> None:
+    block = plots.samples_view(explore.samples(run, frame, n=20))
+    bundle = block._repr_mimebundle_()
+    assert SCRIPT not in bundle["text/html"] and "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in bundle["text/html"]
+    assert SCRIPT in json.dumps(bundle[plots.DATA_MIME])
+    report = validate_run(run, workers=1)
+    for view in (plots.examples_view(explore.examples_table(report, run)),
+                 plots.findings_view(explore.findings_table(report)), plots.validation_banner(report)):
+        assert SCRIPT not in view.html
+    assert plots.validation_banner(report).data == report.to_builtins()
+
+
+def test_stats_view_data_is_the_stats_json(run: Path) -> None:
+    stats = collect_stats(run, now=T0 + 40)
+    view = plots.stats_view(stats)
+    assert view.data == stats.to_dict()
+    assert "<td>total</td>" in view.html and "done/target" in view.html
+
+
+def test_header_names_the_run(run: Path) -> None:
+    header = plots.report_header(explore.run_overview(run, now=T0 + 60), "Token distribution")
+    assert "<h1>Token distribution</h1>" in header.html and str(run.resolve()) in header.html
+    assert "2025-06-15 15:07:10 UTC" in header.html  # T0 + 30, the run's last update
+
+
+def test_figures_have_a_trace_per_dataset_and_labelled_axes(frame: pd.DataFrame, run: Path) -> None:
+    overview = explore.run_overview(run)
+    figures = [
+        plots.histogram_figure(explore.histogram(frame, log=True), log=True),
+        plots.cdf_figure(explore.cdf(frame), log=True, max_new_tokens=overview.max_new_tokens),
+        plots.scatter_figure(explore.sample_records(frame, 10)),
+        plots.explore_scatter(explore.sample_records(frame, 3)),
+    ]
+    for fig in figures:
+        assert isinstance(fig, go.Figure) and [t.name for t in fig.data] == ["a", "b"]
+        assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    assert figures[0].layout.xaxis.type == "log" and figures[1].layout.xaxis.type == "log"
+    caps = [a.text for a in figures[1].layout.annotations]
+    assert caps == ["max_new_tokens 8<br>a", "max_new_tokens 16<br>b"]
+    assert figures[0].data[0].line.color == figures[1].data[0].line.color == plots.PALETTE[0]
+    assert [b.label for b in figures[3].layout.updatemenus[0].buttons] == ["all datasets", "a", "b"]
+    assert "&lt;script&gt;" in json.dumps(list(figures[2].data[0].customdata))
+
+
+def test_figures_of_tables(frame: pd.DataFrame, run: Path) -> None:
+    overview = explore.run_overview(run)
+    mix = plots.finish_mix_figure(explore.finish_mix(frame, overview))
+    assert [t.name for t in mix.data] == ["stop", "length"]
+    reasoning = plots.reasoning_figure(explore.reasoning_summary(frame), frame)
+    assert [t.name for t in reasoning.data] == ["reasoning (mean)", "answer (mean)", "a"]
+    budget = plots.budget_figure(explore.budget_table(collect_stats(run, now=T0 + 40), frame))
+    assert list(budget.data[0].y) == ["a", "b"]
+    report = validate_run(run, workers=1)
+    assert plots.findings_figure(explore.findings_table(report)).data
+    over = plots.findings_over_time_figure(explore.findings_over_time(run, buckets=3))
+    assert {t.name for t in over.data} >= {"records written", "reasoning_unclosed"}
+
+
+def test_empty_inputs_give_a_figure_with_a_message() -> None:
+    empty = pd.DataFrame(columns=["dataset", "left", "right", "count", "share"])
+    fig = plots.histogram_figure(empty)
+    assert fig.layout.annotations[0].text == "no records"
+
+
+def test_offline_renderer_inlines_plotly_once() -> None:
+    plots.setup_notebook()
+    fig = go.Figure(go.Scatter(x=[1], y=[2]))
+    first = pio.renderers._build_mime_bundle(fig.to_dict(), "workbench")
+    second = pio.renderers._build_mime_bundle(fig.to_dict(), "workbench")
+    assert len(first["text/html"]) > 1_000_000 > len(second["text/html"])
+    assert "application/vnd.plotly.v1+json" in second and "mathjax" not in second["text/html"].lower()

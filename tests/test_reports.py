@@ -1,0 +1,285 @@
+"""Reports end to end: a simulator run with planted problems, each notebook executed once with
+papermill, values read back from the executed notebooks, HTML opened in headless Chromium."""
+
+from __future__ import annotations
+
+import ast
+import html
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from browser import open_page
+from conftest import EXAMPLES, ROOT, workbench, write_manifest
+
+from workbench.demo import start_simulator
+from workbench.errors import ConfigError, ReportError
+from workbench.explore import filter_records, record_frame
+from workbench.records import Record, encode_line
+from workbench.reports import (
+    REPORTS,
+    cell_data,
+    load_parameters,
+    notebook_parameters,
+    parse_overrides,
+    run_report,
+)
+from workbench.stats import render_stats
+
+pytestmark = pytest.mark.integration
+
+PLANTED = "<script>window.__pwned=1</script>"
+PLANTED_ID = 7000  # the test tokenizer decodes this id to PLANTED
+THINK_END, IM_END = 163607, 163586
+LATE = 12  # records appended after the run, all without a think-end id
+NOTEBOOKS = ROOT / "notebooks"
+FIGURES = {"token_distribution": 6, "format_validation": 2, "explore": 3}
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def _tokenizer(folder: Path) -> Path:
+    """The example tokenizer, with id PLANTED_ID decoding to PLANTED."""
+    shutil.copytree(EXAMPLES / "tokenizer", folder)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    word = next(k for k, v in vocab.items() if v == PLANTED_ID)
+    vocab[PLANTED] = vocab.pop(word)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def _record(sample_id: Any, ids: list[int], ts: float) -> Record:
+    return Record(sample_id=sample_id, output_ids=ids, prompt_tokens=40, completion_tokens=len(ids),
+                  cached_tokens=0, finish_reason="stop", matched_stop=IM_END, e2e_latency=0.5, ts=ts)
+
+
+def _plant(raw: Path) -> None:
+    """After the run: the planted record, LATE replies without a think-end id, a bad line."""
+    last = max(json.loads(line)["ts"] for line in raw.read_text().splitlines())
+    lines = [encode_line(_record(PLANTED, [120, 121, PLANTED_ID, 122, IM_END], last + 5))]
+    lines += [encode_line(_record(f"late-{i}", [130 + i] * (40 + i) + [IM_END], last + 60 + i))
+              for i in range(LATE)]
+    raw.write_bytes(raw.read_bytes() + b"".join(lines) + b"{not json\n")
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A small simulator run (two datasets) with planted problems, and a tokenizer."""
+    base = tmp_path_factory.mktemp("report-run")
+    manifest = write_manifest(base, [
+        {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
+         "max_samples": 60, "chat_template_kwargs": {"thinking": True}},
+        {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids",
+         "max_samples": 60, "max_tokens": 6000},
+    ])
+    server = start_simulator(base / "sim.log", {"profile": "fast", "random_seed": 0})
+    try:
+        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
+                         "--out", str(base / "out"), "--progress-interval", "30")
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    _plant(base / "out" / "chat" / "raw_responses.jsonl")
+    return {"out": base / "out", "tokenizer": _tokenizer(base / "tokenizer"), "now": time.time(),
+            "base": base}
+
+
+def _params(folder: Path, name: str, values: dict[str, Any]) -> Path:
+    """A parameter file with relative paths (resolved against its folder)."""
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps(values))
+    return path
+
+
+@pytest.fixture(scope="session")
+def reports(run: dict[str, Any]) -> dict[str, Any]:
+    """Each report executed once: name -> ReportResult."""
+    base: Path = run["base"]
+    params = {
+        "token_distribution": ({"run_dir": "out", "sample_size": 500}, {"now": run["now"]}),
+        "format_validation": ({"run_dir": "out", "tokenizer": "tokenizer"}, {"now": run["now"]}),
+        "explore": ({"run_dir": "out", "tokenizer": "tokenizer"},
+                    {"dataset": "chat", "finish_reason": "stop", "unclosed": True, "samples_shown": 20}),
+    }
+    return {name: run_report(name, _params(base, name, file_values), overrides, base / "reports")
+            for name, (file_values, overrides) in params.items()}
+
+
+# --- values the notebooks produce ------------------------------------------------------------
+
+
+TIMED = ("tokens_per_s", "requests_per_s", "eta_s", "recent")  # depend on when stats are taken
+
+
+def _untimed(stats: dict[str, Any]) -> dict[str, Any]:
+    every = {**stats["datasets"], "total": stats["total"]}
+    return {name: {k: v for k, v in ds.items() if k not in TIMED} for name, ds in every.items()}
+
+
+def test_summary_table_equals_stats_json(run: dict[str, Any], reports: dict[str, Any]) -> None:
+    summary = cell_data(reports["token_distribution"].notebook_path, "summary")
+    assert summary == json.loads(render_stats(run["out"], as_json=True, now=run["now"]))
+    printed = workbench("stats", str(run["out"]), "--json")
+    assert printed.returncode == 0, printed.stderr
+    assert _untimed(summary) == _untimed(json.loads(printed.stdout))
+    assert summary["datasets"]["chat"]["records"] == 60 + 1 + LATE
+    assert summary["datasets"]["chat"]["bad_lines"] == 1
+
+
+def test_budget_table_projects_from_the_stats(reports: dict[str, Any]) -> None:
+    rows = {row["dataset"]: row for row in cell_data(reports["token_distribution"].notebook_path, "budget")}
+    assert set(rows) == {"chat", "ids", "total"}
+    assert rows["ids"]["max_tokens"] == 6000 and rows["chat"]["max_tokens"] is None
+    assert rows["total"]["completion_tokens"] == rows["chat"]["completion_tokens"] + rows["ids"]["completion_tokens"]
+    for row in rows.values():
+        assert row["remaining_tokens"] == 0 or not row["finished"]
+
+
+def test_validation_table_equals_validate_json(run: dict[str, Any], reports: dict[str, Any]) -> None:
+    executed = reports["format_validation"].notebook_path
+    validation = cell_data(executed, "validation")
+    printed = workbench("validate", str(run["out"]), "--json")
+    assert printed.returncode == 0, printed.stderr
+    assert validation == json.loads(printed.stdout)
+    assert validation["ok"] is False  # the planted bad line is a parse_error
+    chat = {f["rule"]: f for f in validation["datasets"]["chat"]["findings"]}
+    assert chat["parse_error"]["severity"] == "error"
+    assert chat["reasoning_unclosed"]["count"] == 1 + LATE
+    table = cell_data(executed, "findings")
+    expected = {(name, f["rule"], f["count"]) for name, ds in validation["datasets"].items()
+                for f in ds["findings"]}
+    assert {(r["dataset"], r["rule"], r["count"]) for r in table if r["rule"]} == expected
+
+
+def test_examples_show_decoded_text_escaped(reports: dict[str, Any]) -> None:
+    examples = cell_data(reports["format_validation"].notebook_path, "examples")
+    planted = [e for e in examples if e["sample_id"] == PLANTED]
+    assert {e["rule"] for e in planted} >= {"reasoning_unclosed", "orphan_response"}
+    assert any(PLANTED in e["excerpt"] for e in planted)
+    text = reports["format_validation"].html_path.read_text()
+    assert html.escape(PLANTED) in text and PLANTED not in text
+
+
+def test_explore_selection_and_samples(run: dict[str, Any], reports: dict[str, Any]) -> None:
+    executed = reports["explore"].notebook_path
+    frame = record_frame(run["out"])
+    expected = filter_records(frame, dataset="chat", finish_reason="stop", unclosed=True)
+    selection = cell_data(executed, "selection")
+    assert selection["selected"] == len(expected) == 1 + LATE
+    assert selection["records"] == len(frame)
+    samples = cell_data(executed, "samples")
+    assert len(samples) == 1 + LATE and all(s["decoded"] for s in samples)
+    planted = next(s for s in samples if s["sample_id"] == PLANTED)
+    assert PLANTED in planted["reasoning"] and planted["answer"] == ""
+    text = reports["explore"].html_path.read_text()
+    assert html.escape(PLANTED) in text and PLANTED not in text
+
+
+def test_html_is_offline_with_code_hidden(reports: dict[str, Any]) -> None:
+    for name, result in reports.items():
+        text = result.html_path.read_text()
+        assert re.search(r"<script[^>]*\bsrc\s*=", text) is None, name
+        assert len(re.findall(r"\* plotly\.js v\d", text)) == 1, name  # inlined, once
+        assert "setup_notebook" not in text and 'class="jp-InputPrompt' not in text, name  # code hidden
+        assert result.html_path.parent.name.startswith(f"{name}-")
+        assert result.notebook_path.parent == result.html_path.parent
+
+
+# --- the HTML in a browser -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_report_renders_in_chromium(name: str, reports: dict[str, Any], tmp_path: Path) -> None:
+    shots = Path(os.environ.get("WORKBENCH_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    page = open_page(reports[name].html_path, screenshot=shots / f"{name}.png", evaluate={
+        "graphs": "document.querySelectorAll('.plotly-graph-div').length",
+        "drawn": "[...document.querySelectorAll('.plotly-graph-div')]"
+                 ".filter(d => d.querySelector('svg.main-svg') && d.querySelector('g.trace')).length",
+        "pwned": "typeof window.__pwned",
+        "text": "document.body.innerText",
+        "scripts": "[...document.scripts].filter(s => s.src).length",
+    })
+    assert page.errors == []
+    assert page.values["graphs"] == page.values["drawn"] == FIGURES[name]
+    assert page.values["pwned"] == "undefined" and page.values["scripts"] == 0
+    if name != "token_distribution":
+        assert PLANTED in page.values["text"]  # shown as text, not run
+    assert page.screenshot is not None and page.screenshot.stat().st_size > 50_000
+
+
+# --- failures and parameters -----------------------------------------------------------------
+
+
+def test_failing_cell_is_named(run: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ReportError) as caught:
+        run_report("token_distribution", None, {"run_dir": str(tmp_path / "missing")}, tmp_path)
+    message = str(caught.value)
+    assert "cell 2 (overview = explore.run_overview(" in message
+    assert "DataError" in message and "missing" in message
+    executed = next(tmp_path.glob("token_distribution-*/token_distribution.ipynb"))
+    assert str(executed.resolve()) in message
+
+
+def test_unknown_or_mistyped_parameters_name_key_and_file(tmp_path: Path) -> None:
+    notebook = NOTEBOOKS / "token_distribution.ipynb"
+    with pytest.raises(ConfigError, match=r"p\.yaml: colour: unknown key \(known: bins, log_axis, "):
+        load_parameters(notebook, _params(tmp_path, "p", {"colour": "red"}))
+    with pytest.raises(ConfigError, match=r"p\.yaml: bins: expected int, got str"):
+        load_parameters(notebook, _params(tmp_path, "p", {"bins": "many"}))
+    with pytest.raises(ConfigError, match=r"^-p: colour: unknown parameter"):
+        load_parameters(notebook, None, {"colour": "red"})
+    with pytest.raises(ConfigError, match=r"^-p: log_axis: expected `bool`, got `str`"):
+        load_parameters(notebook, None, parse_overrides(["log_axis=maybe"]))
+    with pytest.raises(ConfigError, match="no report notebook 'nope'"):
+        run_report("nope", None, {}, tmp_path)
+
+
+def test_parameters_files_overrides_and_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook = NOTEBOOKS / "format_validation.ipynb"
+    (tmp_path / "params").mkdir()
+    path = _params(tmp_path / "params", "p", {"run_dir": "../out", "excerpt_chars": 100})
+    monkeypatch.chdir(tmp_path)
+    values = load_parameters(notebook, path, parse_overrides(["tokenizer=tok", "model_profile=qwen3",
+                                                               "now=12.5"]))
+    assert values == {"run_dir": str(tmp_path / "out"), "excerpt_chars": 100,
+                      "tokenizer": str(tmp_path / "tok"), "model_profile": "qwen3", "now": 12.5}
+    assert parse_overrides(["a=true", "b=3", "c=null", "d=x/y", "e="]) == {
+        "a": True, "b": 3, "c": None, "d": "x/y", "e": ""}
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["novalue"])
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_demo_parameter_files_fit_their_notebooks(name: str) -> None:
+    values = load_parameters(NOTEBOOKS / f"{name}.ipynb", ROOT / "params" / f"{name}.demo.yaml")
+    assert values["run_dir"] == str(ROOT / "outputs" / "demo")
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_notebooks_are_committed_thin_and_clean(name: str) -> None:
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert code[0].metadata.get("tags") == ["parameters"]
+    assert notebook_parameters(NOTEBOOKS / f"{name}.ipynb")["run_dir"] == (str, "../outputs/demo")
+    for cell in code:
+        assert cell.outputs == [] and cell.execution_count is None
+        tree = ast.parse(cell.source)
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Lambda)]
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_outputs() -> Iterator[None]:
+    before = set((ROOT / "notebooks").iterdir())
+    yield
+    assert set((ROOT / "notebooks").iterdir()) == before
