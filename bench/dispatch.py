@@ -2,7 +2,9 @@
 
 Starts the simulator in fixed-latency mode (every /generate answers after exactly L seconds),
 runs a generation of N prompts through the real runner at concurrency C, and prints the
-achieved request rate divided by the Little's-law bound C / L, the client CPU per request,
+achieved request rate divided by the Little's-law bound C / L (over the time requests ran, from
+the first one sent to the last record written; the whole call, set-up included, is printed too),
+the client CPU per request,
 and the simulator's peak in-flight gauge. The same load through httpx's default transport is
 the baseline, measured in the same process.
 
@@ -28,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench.client import SGLangClient, default_transport
 from workbench.config import load_manifest
 from workbench.demo import start_simulator
+from workbench.records import read_rows
 from workbench.runner import GenerateOptions, run_generation
 
 
@@ -38,11 +41,18 @@ class Result:
     latency: float
     requests: int
     wall: float
+    window: float
     cpu: float
     peak: float
 
     @property
     def ratio(self) -> float:
+        """Achieved rate while requests ran (first sent to last written) over C / L."""
+        return (self.requests / self.window) / (self.concurrency / self.latency)
+
+    @property
+    def ratio_wall(self) -> float:
+        """The same over the whole call, set-up (server probe, prompt loading) included."""
         return (self.requests / self.wall) / (self.concurrency / self.latency)
 
     @property
@@ -59,6 +69,14 @@ def write_dataset(folder: Path, n: int) -> Path:
         "model_profile: kimi-k2.5\nsampling: {temperature: 0.0, max_new_tokens: 16}\n"
         "datasets:\n  - {name: bench, path: prompts.jsonl, input: input_ids}\n")
     return manifest
+
+
+def active_window(raw: Path) -> float:
+    """Seconds from the first request's start (ts - e2e_latency) to the last record written."""
+    rows, _ = read_rows(raw)
+    starts = [r.ts - r.e2e_latency for r in rows if r.ts is not None and r.e2e_latency is not None]
+    ends = [r.ts for r in rows if r.ts is not None]
+    return max(ends) - min(starts)
 
 
 def peak_inflight(metrics: str) -> float:
@@ -90,12 +108,13 @@ def measure(name: str, concurrency: int, latency: float, rounds: int, folder: Pa
         peak = peak_inflight(httpx.get(server.url + "/metrics").text)
     finally:
         server.stop()
-    return Result(name, concurrency, latency, done, wall, cpu, peak)
+    window = active_window(folder / "out" / "bench" / "raw_responses.jsonl")
+    return Result(name, concurrency, latency, done, wall, window, cpu, peak)
 
 
 def report(r: Result) -> None:
     print(f"{r.transport:>14} C={r.concurrency:<4} L={r.latency:.0f}s  {r.requests} req in {r.wall:5.2f}s  "
-          f"rate/bound={r.ratio:.3f}  client CPU {r.cpu_ms:.2f} ms/req  sim peak in flight {r.peak:.0f}")
+          f"rate/bound={r.ratio:.3f} (whole call {r.ratio_wall:.3f})  client CPU {r.cpu_ms:.2f} ms/req  sim peak in flight {r.peak:.0f}")
 
 
 def main() -> int:

@@ -560,7 +560,8 @@ def test_real_socket_generate_drop_and_sigterm(
             "/generate", json={"input_ids": ids(5), "sampling_params": {"max_new_tokens": 8}}
         )
         assert reply.json()["meta_info"]["completion_tokens"] == 8
-        with pytest.raises(httpx.RemoteProtocolError):
+        # Closed without a reply: a clean close (h11) or a reset (httptools), never a response.
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
             client.post("/generate", json={"input_ids": ids(5)})
     assert stop(process) == 0
 

@@ -37,6 +37,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _check_out_dir(path: Path) -> None:
+    """ConfigError when --out is a file or lies under one (before anything is written)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        from workbench.errors import ConfigError
+
+        raise ConfigError("--out", f"{existing} is a file, not a directory")
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -55,8 +74,28 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from workbench.sim.app import serve
     from workbench.sim.config import config_from_args
 
-    serve(config_from_args(args))
+    config = config_from_args(args)
+    _check_address_free(config.host, config.port)
+    serve(config)
     return 0
+
+
+def _check_address_free(host: str, port: int) -> None:
+    """ConfigError naming the address when it cannot be bound (port 0 picks a free one)."""
+    import socket
+
+    from workbench.errors import ConfigError
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(infos[0][4])
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError("--port", f"cannot listen on {host}:{port}: {reason}") from None
 
 
 # --------------------------------------------------------------------------- generate
@@ -84,6 +123,12 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after Ctrl-C (30)")
+    p.add_argument("--request-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
+                   help="seconds a reply may take before the attempt counts as failed and is "
+                        "retried (3600)")
+    p.add_argument("--server-wait", type=_positive_float, default=3600.0, metavar="SECONDS",
+                   help="while the server cannot be reached, requests wait for it; stop the run "
+                        "after this long (3600)")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -96,12 +141,14 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         max_tokens_per_dataset=args.max_tokens_per_dataset, max_new_tokens=args.max_new_tokens,
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
         progress_interval=args.progress_interval, grace_period=args.grace_period,
+        request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
     )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from workbench.config import load_manifest
 
+    _check_out_dir(args.out)
     manifest = load_manifest(args.datasets)
     summary = generate_with_progress(manifest, args.server, args.out, _options_from_args(args))
     return 130 if summary.interrupted else 0
@@ -122,13 +169,14 @@ def _install_stop_signals(runner: Runner) -> None:
 
 def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) -> RunSummary:
     """Run a generation with signal handling, progress output and a closing summary."""
-    from workbench.client import SGLangClient, api_key_from_env
+    from workbench.client import SGLangClient, api_key_from_env, request_timeout
     from workbench.runner import run_generation
 
     view = _progress_view()
+    timeout = request_timeout(options.request_timeout)
 
     async def go() -> RunSummary:
-        async with SGLangClient(server, api_key=api_key_from_env()) as client:
+        async with SGLangClient(server, api_key=api_key_from_env(), timeout=timeout) as client:
             return await run_generation(
                 manifest, client, out, options,
                 on_start=lambda r: (_install_stop_signals(r), view.start(r)),
@@ -300,6 +348,34 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- report
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("report", help="execute a report notebook into an HTML report",
+                       description="Execute notebooks/NAME.ipynb with papermill and export it to "
+                                   "HTML (code hidden, plotly.js inlined: opens offline).")
+    p.add_argument("name", metavar="NAME", help="token_distribution, format_validation or explore")
+    p.add_argument("--params", required=True, type=Path, help="parameter file (YAML)")
+    p.add_argument("-p", "--param", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override one parameter (a YAML scalar); repeatable")
+    p.add_argument("--out", type=Path, default=Path("outputs/reports"),
+                   help="folder for NAME-<timestamp>/ (outputs/reports)")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from workbench.errors import ReportError
+    from workbench.reports import parse_overrides, run_report
+
+    try:
+        result = run_report(args.name, args.params, parse_overrides(args.overrides), args.out)
+    except ReportError as exc:
+        _err(str(exc))
+        return 1
+    print(f"executed notebook: {result.notebook_path}")
+    print(result.html_path)
+    return 0
+
+
 # --------------------------------------------------------------------------- demo
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on the simulator",
@@ -314,14 +390,23 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.demo import run_demo
 
+    _check_out_dir(args.out)
     summary = run_demo(args.out, datasets=args.datasets, resume=not args.no_resume,
                        generate=generate_with_progress, say=lambda m: print(m, flush=True))
     return 130 if summary.interrupted else 0
 
 
 # --------------------------------------------------------------------------- main
+def _server_message(exc: Exception) -> str:
+    """The error on one line, naming the URL when the message does not already."""
+    message = " ".join(str(exc).split())
+    url = getattr(exc, "url", None)
+    return f"{url}: {message}" if url and url not in message else message
+
+
+
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
-    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_demo,
+    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report, _add_demo,
 )
 
 
@@ -338,13 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from workbench.errors import InputError, LaunchError, ServerUnreachable
+    from workbench.errors import InputError, LaunchError, ServerError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (InputError, ServerUnreachable, LaunchError) as exc:
+    except (InputError, LaunchError) as exc:
         _err(str(exc))
+        return EXIT_INPUT
+    except ServerError as exc:  # unreachable, or answering in a way no run can use
+        _err(_server_message(exc))
         return EXIT_INPUT
     except KeyboardInterrupt:
         _err("interrupted")

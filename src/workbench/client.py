@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from http.cookiejar import CookieJar
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -41,16 +42,27 @@ __all__ = [
     "api_key_from_env",
     "default_transport",
     "redact_url",
+    "request_timeout",
 ]
 
 API_KEY_ENV_VARS = ("WORKBENCH_API_KEY", "SGLANG_API_KEY")
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=3600.0, write=60.0, pool=None)
+DEFAULT_REQUEST_TIMEOUT = 3600.0
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=DEFAULT_REQUEST_TIMEOUT, write=60.0, pool=None)
 
 # httpx logs one INFO line per request; a run sends hundreds of thousands.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class _NoCookies(CookieJar):
+    """SGLang sets no cookies; skipping httpx's per-response cookie parsing saves CPU."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
 
 
 class FinishReason(msgspec.Struct):
@@ -113,6 +125,12 @@ def api_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The API key from WORKBENCH_API_KEY or SGLANG_API_KEY (first set wins)."""
     env = os.environ if environ is None else environ
     return next((env[name] for name in API_KEY_ENV_VARS if env.get(name)), None)
+
+
+def request_timeout(seconds: float = DEFAULT_REQUEST_TIMEOUT) -> httpx.Timeout:
+    """Timeouts for a run: a reply must start within `seconds` (connect and write capped lower)."""
+    return httpx.Timeout(connect=min(10.0, seconds), read=seconds, write=min(60.0, seconds),
+                         pool=None)
 
 
 def redact_url(url: str) -> str:
@@ -231,7 +249,9 @@ class SGLangClient:
             headers=headers,
             timeout=timeout,
             transport=transport if transport is not None else default_transport(),
+            cookies=_NoCookies(),
         )
+        self._absolute: dict[str, httpx.URL] = {}
 
     async def __aenter__(self) -> SGLangClient:
         return self
@@ -245,12 +265,20 @@ class SGLangClient:
     def _url(self, path: str) -> str:
         return redact_url(f"{self.base_url}{path}")
 
+    def _absolute_url(self, path: str) -> httpx.URL:
+        """The parsed absolute URL of path, built once (httpx re-parses relative ones per request)."""
+        url = self._absolute.get(path)
+        if url is None:
+            url = self._absolute[path] = httpx.URL(self.base_url + path)
+        return url
+
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = await self._http.request(method, path, **kwargs)
+            response = await self._http.request(method, self._absolute_url(path), **kwargs)
         except httpx.TransportError as exc:
             raise _map_transport_error(exc, self._url(path)) from None
-        raise_for_status(response, self._url(path))
+        if response.status_code >= 300:
+            raise_for_status(response, self._url(path))
         return response
 
     def _json(self, response: httpx.Response, path: str) -> Any:
@@ -263,7 +291,8 @@ class SGLangClient:
     async def generate(self, payload: Mapping[str, Any]) -> GenerateResult:
         """POST /generate for one prompt (non-streaming); aborts and HTTP errors raise."""
         timer = _Timer()
-        response = await self._request("POST", "/generate", json=payload)
+        response = await self._request("POST", "/generate", content=_encoder.encode(payload),
+                                       headers=_JSON_HEADERS)
         try:
             reply = _reply_decoder.decode(response.content)
         except msgspec.DecodeError:
@@ -363,3 +392,26 @@ class SGLangClient:
         except BadRequest:
             return False
         return True
+
+    async def workers(self) -> list[dict[str, Any]] | None:
+        """The workers behind an sglang-router (`/workers`, older `/list_workers`), each as
+        `{"url", "healthy", "load"}` (None where the router does not say); None for a server."""
+        try:
+            data = await self._probe("/workers", "/list_workers")
+        except BadRequest as exc:
+            if exc.http_status in (404, 405):
+                return None
+            raise
+        return _worker_list(data, self._url("/workers"))
+
+
+def _worker_list(data: Any, url: str) -> list[dict[str, Any]]:
+    """`{"workers": [{"url", "is_healthy", "load"}, ...]}` or `{"urls": [...]}` as one shape."""
+    if isinstance(data, dict) and isinstance(data.get("workers"), list):
+        return [
+            {"url": str(w.get("url")), "healthy": w.get("is_healthy"), "load": w.get("load")}
+            for w in data["workers"] if isinstance(w, dict) and w.get("url")
+        ]
+    if isinstance(data, dict) and isinstance(data.get("urls"), list):
+        return [{"url": str(u), "healthy": None, "load": None} for u in data["urls"]]
+    raise ProtocolError("the worker list is not sglang-router's shape", url)

@@ -376,7 +376,8 @@ def _resolve_dataset(
         )
     data_path = _resolve(ds.path, base)
     if not data_path.is_file():
-        raise ConfigError(f"{key}.path", f"file not found: {data_path}", source)
+        reason = "not a regular file" if data_path.exists() else "file not found"
+        raise ConfigError(f"{key}.path", f"{reason}: {data_path}", source)
     return msgspec.structs.replace(
         ds,
         path=str(data_path),

@@ -60,7 +60,17 @@ import numpy as np
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError, WorkbenchError
 from workbench.profiles import ModelProfile
-from workbench.records import LineProblem, PromptRecord, Row, iter_blocks, parse_lines
+from workbench.records import (
+    ERRORS_FILE,
+    MANIFEST_FILE,
+    PROMPTS_FILE,
+    RAW_FILE,
+    LineProblem,
+    PromptRecord,
+    Row,
+    iter_blocks,
+    parse_lines,
+)
 from workbench.validate import (
     RECORD_RULES,
     DatasetDir,
@@ -403,7 +413,8 @@ class _Source:
     def __init__(self, run: RunInfo, ds: DatasetDir, profile: ModelProfile,
                  options: ExportOptions) -> None:
         if not ds.raw_path.is_file():
-            raise DataError(ds.raw_path, "not found: the dataset has no records")
+            reason = "not a regular file" if ds.raw_path.exists() else "not found"
+            raise DataError(ds.raw_path, f"{reason}: the dataset has no records")
         self.run = run
         self.ds = ds
         self.name = ds.name
@@ -696,6 +707,7 @@ def export_run(
     target = Path(to)
     _sink_factory(target, options.format)
     run = load_run(out, options.only)
+    _check_target_outside(target, run)
     profile = run.profile(options.model_profile)
     with contextlib.ExitStack() as stack:
         sources: list[_Source] = []
@@ -706,6 +718,16 @@ def export_run(
     rows = sum(source.stats.written for source in sources)
     return ExportSummary(str(target), options.format, rows, time.perf_counter() - started,
                          {source.name: source.stats for source in sources})
+
+
+def _check_target_outside(target: Path, run: RunInfo) -> None:
+    """ConfigError when target would replace a file the run wrote (or sit in a dataset folder)."""
+    where, root = target.resolve(), run.out.resolve()
+    names = (MANIFEST_FILE, RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
+    in_dataset = where.parent != root and any((where.parent / name).exists() for name in names)
+    if where.is_relative_to(root) and (where.name in names or in_dataset):
+        raise ConfigError("--to", f"{target} would replace or join the run's own files; "
+                                  "write the export outside the dataset folders")
 
 
 def _write(sources: Sequence[_Source], target: Path, options: ExportOptions) -> None:

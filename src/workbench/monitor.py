@@ -28,6 +28,11 @@ Alerts (one line each, ``ALERT <dataset or server>: <cause>``):
     bad_lines           unreadable lines in raw_responses.jsonl
     server_unreachable  no connection to the server (or it answers with errors)
     server_saturated    token usage at the top while the queue grows between two polls
+    worker_unhealthy    a worker behind an sglang-router is marked unhealthy by the router
+
+When the server URL is an sglang-router (it has no ``/metrics`` on its own port but lists its
+workers at ``/workers``), the frame shows one line per worker: the router's health and load
+figures, and the worker's own ``/metrics`` gauges when the monitor can reach them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +52,7 @@ from workbench.stats import (
     DatasetStats,
     RunStats,
     StatsCollector,
+    check_run_dir,
     format_count,
     format_duration,
     format_table,
@@ -65,6 +71,7 @@ __all__ = [
     "MonitorState",
     "ServerState",
     "Thresholds",
+    "WorkerState",
     "alerts",
     "build_state",
     "dataset_status",
@@ -103,12 +110,24 @@ class Alert:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One worker behind a router: the router's view, and its own /metrics when readable."""
+
+    url: str
+    healthy: bool | None = None
+    load: int | None = None
+    metrics: MetricsSnapshot | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerState:
     """The result of one server poll.
 
     ``previous`` is the reading of the poll before, ``baseline`` the oldest kept reading
     (rates and the cache hit rate are taken over the interval since it); ``info`` holds a
-    few ``/server_info`` values when the server runs without metrics.
+    few ``/server_info`` values when the server runs without metrics; ``workers`` is set when
+    the server is an sglang-router.
     """
 
     url: str
@@ -118,6 +137,7 @@ class ServerState:
     previous: MetricsSnapshot | None = None
     baseline: MetricsSnapshot | None = None
     info: Mapping[str, Any] | None = None
+    workers: tuple[WorkerState, ...] | None = None
 
     @property
     def busy(self) -> bool:
@@ -281,7 +301,18 @@ def _dataset_alerts(ds: DatasetStats, status: str, stats: RunStats, th: Threshol
     return found + [alert for alert in optional if alert is not None]
 
 
+def _worker_alerts(server: ServerState) -> list[Alert]:
+    return [
+        Alert("server", "worker_unhealthy",
+              f"worker {w.url} marked unhealthy by the router {server.url}")
+        for w in server.workers or ()
+        if w.healthy is False
+    ]
+
+
 def _server_alerts(server: ServerState, th: Thresholds) -> list[Alert]:
+    if server.workers is not None:
+        return _worker_alerts(server)
     if not server.reachable:
         return [
             Alert("server", "server_unreachable", f"unreachable at {server.url}: {server.error}")
@@ -417,10 +448,32 @@ def server_line(state: MonitorState) -> str:
         return f"server {server.url}: UNREACHABLE ({server.error})"
     if server.error:
         return f"server {server.url}: error ({server.error})"
+    if server.workers is not None:
+        healthy = sum(1 for w in server.workers if w.healthy is not False)
+        return f"router {server.url}: {len(server.workers)} workers ({healthy} healthy)"
     if server.metrics is None:
         info = _info_text(server.info or {})
         return f"server {server.url}: metrics off (start it with --enable-metrics); {info}"
     return f"server {server.url}: {_metrics_text(server)}"
+
+
+def worker_lines(state: MonitorState) -> list[str]:
+    """One line per worker behind a router (none for a plain server)."""
+    workers = state.server.workers if state.server is not None else None
+    return [f"  worker {w.url}: {_worker_text(w)}" for w in workers or ()]
+
+
+def _worker_text(worker: WorkerState) -> str:
+    health = {True: "healthy", False: "UNHEALTHY", None: "health unknown"}[worker.healthy]
+    parts = [health] + ([] if worker.load is None else [f"load {worker.load}"])
+    m = worker.metrics
+    if m is not None:
+        parts += [f"{format_count(m.running)} running", f"{format_count(m.queued)} queued"]
+        usage = "-" if m.token_usage is None else f"{m.token_usage:.0%}"
+        parts += [f"token usage {usage}", f"gen {_tok_rate(m.gen_throughput)} tok/s (last logged)"]
+    elif worker.error:
+        parts.append(f"metrics: {worker.error}")
+    return ", ".join(parts)
 
 
 def _metrics_text(server: ServerState) -> str:
@@ -450,6 +503,7 @@ def _info_text(info: Mapping[str, Any]) -> str:
 def render_frame(state: MonitorState) -> str:
     """One frame as plain text: header, table, server line, then the alerts."""
     lines = [_header(state), format_table(_HEADERS, _rows(state), left=2), server_line(state)]
+    lines += worker_lines(state)
     lines += [str(alert) for alert in state.alerts] or ["no alerts"]
     return "\n".join(lines)
 
@@ -474,6 +528,7 @@ def render_rich(state: MonitorState) -> RenderableType:
         ]
         table.add_row(*cells, end_section=index == len(rows) - 2, style="bold" if last else None)
     lines: list[RenderableType] = [table, Text(server_line(state))]
+    lines += [Text(line) for line in worker_lines(state)]
     lines += [Text(str(alert), style="bold red") for alert in state.alerts] or [
         Text("no alerts", style="dim")
     ]
@@ -517,9 +572,12 @@ class Monitor:
         thresholds: Thresholds = Thresholds(),
         window: float = DEFAULT_WINDOW,
         rate_window: float = 60.0,
+        worker_client: Callable[[str], SGLangClient] | None = None,
     ) -> None:
         self.collector = StatsCollector(out, window=window, clock=clock)
         self.client = client
+        self.worker_client = worker_client
+        self._worker_clients: dict[str, SGLangClient] = {}
         self.clock = clock
         self.thresholds = thresholds
         self.rate_window = rate_window
@@ -542,6 +600,9 @@ class Monitor:
         try:
             text = await self.client.metrics()
             if text is None:
+                listed = await self.client.workers()
+                if listed is not None:
+                    return ServerState(url, True, workers=await self._poll_workers(listed, now))
                 return ServerState(url, True, info=_info_summary(await self.client.server_info()))
             reading = parse_metrics(text, at=now)
         except (ConnectionLost, RequestTimeout, ServerUnreachable) as exc:
@@ -551,6 +612,41 @@ class Monitor:
         except ValueError as exc:
             return ServerState(url, True, error=f"/metrics unreadable: {exc}")
         return self._with_history(url, reading, now)
+
+    async def _poll_workers(
+        self, listed: list[dict[str, Any]], now: float
+    ) -> tuple[WorkerState, ...]:
+        return tuple(await asyncio.gather(*(self._poll_worker(w, now) for w in listed)))
+
+    async def _poll_worker(self, listed: Mapping[str, Any], now: float) -> WorkerState:
+        """The router's figures of one worker, with the worker's /metrics when reachable."""
+        from workbench.client import redact_url
+        from workbench.errors import ServerError
+
+        url = str(listed["url"])
+        load = listed.get("load")
+        load = load if isinstance(load, int) else None
+        state = WorkerState(redact_url(url), listed.get("healthy"), load)
+        if self.worker_client is None:
+            return state
+        if url not in self._worker_clients:
+            self._worker_clients[url] = self.worker_client(url)
+        client = self._worker_clients[url]
+        try:
+            text = await client.metrics()
+            if text is None:
+                return replace(state, error="off (start the worker with --enable-metrics)")
+            return replace(state, metrics=parse_metrics(text, at=now))
+        except ServerError as exc:
+            return replace(state, error=str(exc))
+        except ValueError as exc:
+            return replace(state, error=f"unreadable: {exc}")
+
+    async def aclose(self) -> None:
+        """Close the clients opened for a router's workers."""
+        for client in self._worker_clients.values():
+            await client.aclose()
+        self._worker_clients.clear()
 
     def _with_history(self, url: str, reading: MetricsSnapshot, now: float) -> ServerState:
         previous = self._readings[-1] if self._readings else None
@@ -602,10 +698,12 @@ async def _monitor(
     thresholds: Thresholds,
 ) -> None:
     client = _client(server, transport) if server else None
+    monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds,
+                      worker_client=lambda url: _client(url, transport))
     try:
-        monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds)
         await _watch(monitor, console, interval, live)
     finally:
+        await monitor.aclose()
         if client is not None:
             await client.aclose()
 
@@ -629,7 +727,7 @@ def run_monitor(
     """
     from rich.console import Console
 
-    from workbench.errors import ConfigError, InputError
+    from workbench.errors import ConfigError
 
     if interval is not None and interval <= 0:
         raise ConfigError("--interval", f"must be positive, got {interval:g}")
@@ -639,8 +737,7 @@ def run_monitor(
         every = None
     else:
         every = interval if interval is not None else 2.0
-    if not Path(out).is_dir():
-        raise InputError(f"{out}: not a run directory (no such directory)")
+    check_run_dir(out, need_datasets=False)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_monitor(Path(out), server, every, live, console, transport, clock, thresholds))
     return 0

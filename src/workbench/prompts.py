@@ -31,6 +31,7 @@ from workbench.profiles import ModelProfile
 __all__ = ["Prompt", "encode_messages", "estimate_text_tokens", "load_prompts", "load_tokenizer"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+MAX_LINE_BYTES = 32 << 20  # far above any prompt; a longer line is not read into memory
 INSTALL_HINT = "pip install 'workbench[tokenizers]'"
 
 
@@ -86,6 +87,8 @@ def load_prompts(
         if spec.input not in row.data:
             raise row.error(f"missing {spec.input!r}")
         prompts.append(make(sample_id, row.data[spec.input], row))
+    if not prompts and limit != 0:
+        raise DataError(spec.path, "no prompts: the file holds no rows")
     return prompts
 
 
@@ -196,7 +199,12 @@ def _iter_rows(spec: DatasetSpec) -> Iterator[_Row]:
 def _jsonl_rows(path: str) -> Iterator[_Row]:
     """Objects of a JSONL file with their line numbers; blank lines are skipped."""
     with _open(path) as handle:
-        for number, line in enumerate(handle, start=1):
+        number = 0
+        while line := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(line) > MAX_LINE_BYTES:
+                limit = f"{MAX_LINE_BYTES >> 20} MiB"
+                raise DataError(path, f"line longer than {limit}: not a prompt", number)
             if not line.strip():
                 continue
             try:

@@ -357,10 +357,15 @@ def run_report(
     """Execute notebooks/NAME.ipynb with the parameters and export it to HTML.
 
     `timeout` bounds each cell (seconds; None: no bound). ConfigError for an unknown report
-    or bad parameters (before any kernel starts), ReportError when a cell fails.
+    or bad parameters and InputError for a `run_dir` that is not a run (both before any
+    kernel starts or anything is written), ReportError when a cell fails.
     """
     notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
+    if parameters.get("run_dir") is not None:
+        from workbench.stats import check_run_dir
+
+        check_run_dir(parameters["run_dir"])
     folder = _report_folder(Path(out_dir), name, time.time())
     executed = folder / f"{name}.ipynb"
     _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)

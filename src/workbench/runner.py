@@ -13,6 +13,9 @@ One run sends every pending prompt of the chosen datasets through one `SGLangCli
   every failed attempt is an `errors.jsonl` line. A bad request is not retried.
 - Stop: `request_stop()` (first Ctrl-C) stops sending and lets in-flight requests finish
   within a grace period; a second call cancels them. Lines are written whole either way.
+- Outage: a connection failure pauses every request until the server answers `/health`
+  again (a restart, a crash), so an outage does not spend the prompts' attempts; after
+  `server_wait` seconds without an answer the run stops as if interrupted.
 """
 
 from __future__ import annotations
@@ -32,9 +35,16 @@ from typing import Any
 import msgspec
 
 from workbench import __version__
-from workbench.client import GenerateResult, SGLangClient, redact_url
+from workbench.client import DEFAULT_REQUEST_TIMEOUT, GenerateResult, SGLangClient, redact_url
 from workbench.config import DatasetSpec, Manifest, Sampling
-from workbench.errors import RequestFailed, ResumeMismatch
+from workbench.errors import (
+    BadRequest,
+    ConnectionLost,
+    DataError,
+    ProtocolError,
+    RequestFailed,
+    ResumeMismatch,
+)
 from workbench.profiles import get_profile
 from workbench.prompts import Prompt, load_prompts
 from workbench.records import (
@@ -57,6 +67,7 @@ __all__ = [
     "RunSummary",
     "format_duration",
     "format_progress_line",
+    "preflight",
     "probe_server",
     "run_generation",
 ]
@@ -81,6 +92,9 @@ class GenerateOptions:
     grace_period: float = 30.0
     progress_interval: float = 5.0
     seed: int | None = None
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    preflight: bool = False
+    server_wait: float = 3600.0
 
 
 @dataclass(slots=True)
@@ -161,6 +175,65 @@ def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
     if p.finished is not None or p.budget_reached:
         return line + (" budget reached" if p.budget_reached else " done")
     return line + f" ETA={format_duration(p.eta_seconds(now))}"
+
+
+class _ServerGate:
+    """Open while the server answers; closed by a connection failure until `/health` answers.
+
+    One prober coroutine polls `/health` with a growing interval (0.5 s to 10 s) and reports the
+    outage through `say`; after `wait_limit` seconds it calls `give_up` and opens the gate.
+    """
+
+    def __init__(self, client: SGLangClient, say: Callable[[str], None], wait_limit: float,
+                 give_up: Callable[[], None]) -> None:
+        self.client = client
+        self.say = say
+        self.wait_limit = wait_limit
+        self.give_up = give_up
+        self._open = asyncio.Event()
+        self._open.set()
+        self._prober: asyncio.Task[None] | None = None
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+    def close(self) -> None:
+        if self._open.is_set():
+            self._open.clear()
+            self._prober = asyncio.create_task(self._probe())
+
+    def release(self) -> None:
+        """Let every waiter go (the run is stopping) and stop probing."""
+        self._open.set()
+        if self._prober is not None:
+            self._prober.cancel()
+
+    async def _probe(self) -> None:
+        """Silent when the server answers at once (one dropped connection); else the outage
+        is reported when it starts, every minute, and when it ends."""
+        started = time.perf_counter()
+        if await self.client.health():
+            self._open.set()
+            return
+        self.say(f"server unreachable at {redact_url(self.client.base_url)}: "
+                 "requests paused until it answers /health")
+        delay, next_note = 0.5, started + 60
+        while not await self.client.health():
+            waited = time.perf_counter() - started
+            if waited > self.wait_limit:
+                self.say(f"server unreachable for {format_duration(waited)}: "
+                         "stopping (resume later)")
+                self.give_up()
+                self._open.set()
+                return
+            if time.perf_counter() >= next_note:
+                self.say(f"server still unreachable after {format_duration(waited)}")
+                next_note += 60
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        self.say(f"server answers again after {format_duration(time.perf_counter() - started)}: "
+                 "requests resume")
+        self._open.set()
 
 
 @dataclass(slots=True)
@@ -248,6 +321,8 @@ class Runner:
         self._global: asyncio.Semaphore | None = None
         self._long: asyncio.Semaphore | None = None
         self._wakeups: list[asyncio.Event] = []
+        self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
+        self._gate: _ServerGate | None = None
 
     # ----------------------------------------------------------------- preparation
     def selected_specs(self) -> list[DatasetSpec]:
@@ -263,18 +338,36 @@ class Runner:
         return [s for s in specs if s.name in self.options.only]
 
     def prepare(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
-        """Load prompts, check resume compatibility, repair torn tails, write prompts and run.json."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        """`load` then `open`: nothing is written unless every dataset's prompts load."""
+        self.load(server_info, model_info)
+        self.open(server_info, model_info)
+
+    def load(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """Check resume compatibility and load every dataset's prompts; writes nothing."""
         profile = get_profile(self.manifest.model_profile)
         specs = self.selected_specs()
         sampling = {s.name: _sampling_for(self.manifest, s, self.options) for s in specs}
-        model = str(model_info.get("model_path") or server_info.get("model_path") or "unknown")
-        self._check_resume(model, sampling)
-        for spec in specs:
-            limit = _limit(spec.max_samples, self.options.max_samples)
-            prompts = load_prompts(spec, profile, limit=limit)
-            self.datasets[spec.name] = self._open_dataset(spec, sampling[spec.name], prompts)
-        self._write_manifest(server_info, model_info, model)
+        self._check_resume(_model_name(server_info, model_info), sampling)
+        self._loaded = [
+            (spec, sampling[spec.name],
+             load_prompts(spec, profile, limit=_limit(spec.max_samples, self.options.max_samples)))
+            for spec in specs
+        ]
+
+    def first_prompt(self) -> Prompt | None:
+        """The first loaded prompt (for a preflight request), if any."""
+        return next((prompts[0] for _spec, _sampling, prompts in self._loaded if prompts), None)
+
+    def open(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """Repair torn tails, write prompts and run.json, open the appenders (after `load`)."""
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = f"cannot create the output directory: {exc.strerror}"
+            raise DataError(self.out, reason) from None
+        for spec, sampling, prompts in self._loaded:
+            self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
+        self._write_manifest(server_info, model_info, _model_name(server_info, model_info))
 
     def _open_dataset(self, spec: DatasetSpec, sampling: Sampling, prompts: list[Prompt]) -> _Dataset:
         folder = self.out / spec.name
@@ -358,6 +451,8 @@ class Runner:
         """First call: stop sending, let in-flight requests finish. Second call: cancel them."""
         self.stop_requests += 1
         self._stop.set()
+        if self._gate is not None:
+            self._gate.release()
         if self.stop_requests >= 2:
             for task in list(self._tasks):
                 task.cancel()
@@ -371,6 +466,8 @@ class Runner:
         started = time.perf_counter()
         self._global = asyncio.Semaphore(self.options.concurrency)
         self._long = asyncio.Semaphore(max(1, min(self.options.long_concurrency, self.options.concurrency)))
+        self._gate = _ServerGate(self.client, self.on_event, self.options.server_wait,
+                                 self.request_stop)
         for ds in self.datasets.values():
             ds.progress.started = time.perf_counter()
         reporter = asyncio.create_task(self._report_loop())
@@ -379,6 +476,7 @@ class Runner:
             await self._drain()
         finally:
             reporter.cancel()
+            self._gate.release()
             self._close()
         self._emit_progress()
         return RunSummary(
@@ -488,6 +586,10 @@ class Runner:
                         return
                     await self._acquire(long)
                     holding = True
+                assert self._gate is not None
+                await self._gate.wait()
+                if self.stopping:
+                    return
                 error = await self._attempt(ds, prompt, attempt)
                 if error is None:
                     return
@@ -517,6 +619,8 @@ class Runner:
                 sample_id=prompt.sample_id, attempt=attempt, error_type=exc.error_type,
                 http_status=exc.http_status, message=str(exc)[:1000], ts=time.time(),
             ))
+            if isinstance(exc, ConnectionLost) and self._gate is not None:
+                self._gate.close()
             return exc
         self._record(ds, prompt, result)
         return None
@@ -561,6 +665,35 @@ class Runner:
         return [ds.progress for ds in self.datasets.values()]
 
 
+def _model_name(server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> str:
+    return str(model_info.get("model_path") or server_info.get("model_path") or "unknown")
+
+
+async def preflight(client: SGLangClient, prompt: Prompt, *, attempts: int = 3) -> None:
+    """One request of one token built from `prompt`, before anything is written.
+
+    A reply that is not SGLang's shape (ProtocolError) or a refused request (BadRequest: 401,
+    404, ...) raises: every request of the run would fail the same way. Retryable failures
+    are tried `attempts` times, then left to the run's own retries.
+    """
+    payload: dict[str, Any] = {
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "rid": f"workbench-preflight-{random.getrandbits(64):016x}",
+    }
+    if prompt.input_ids is not None:
+        payload["input_ids"] = prompt.input_ids[:1]
+    else:
+        payload["text"] = (prompt.text or " ")[:64]
+    for attempt in range(attempts):
+        try:
+            await client.generate(payload)
+            return
+        except (BadRequest, ProtocolError):
+            raise
+        except RequestFailed:
+            await asyncio.sleep(0.5 * 2**attempt)
+
+
 async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, Any]]:
     """`/server_info` and `/model_info` snapshots; an unreachable server raises ServerUnreachable."""
     server_info = await client.server_info()
@@ -588,7 +721,11 @@ async def run_generation(
     """
     server_info, model_info = await probe_server(client)
     runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
-    runner.prepare(server_info, model_info)
+    runner.load(server_info, model_info)
+    first = runner.first_prompt()
+    if options.preflight and first is not None:
+        await preflight(client, first)
+    runner.open(server_info, model_info)
     if on_start is not None:
         on_start(runner)
     return await runner.run()

@@ -63,6 +63,7 @@ __all__ = [
     "RecentStats",
     "RunStats",
     "StatsCollector",
+    "check_run_dir",
     "collect_stats",
     "format_count",
     "format_duration",
@@ -388,7 +389,7 @@ class _Raw:
         completions = self.completions
         for row in rows:
             if row.completion_tokens is not None:
-                completions.append(row.completion_tokens)
+                completions.append(min(row.completion_tokens, _INT64[1]))  # JSON allows uint64
                 self.completion_tokens += row.completion_tokens
             if row.prompt_tokens is not None:
                 self.prompt_tokens += row.prompt_tokens
@@ -868,7 +869,7 @@ class StatsCollector:
     def refresh(self, now: float | None = None) -> RunStats:
         """Read what changed since the last call and return the figures at ``now``."""
         if not self.out.is_dir():
-            raise InputError(f"{self.out}: not a run directory (no such directory)")
+            raise _not_a_run_dir(self.out)
         now = self.clock() if now is None else now
         manifest = self._manifest.read()
         entries = _manifest_datasets(manifest)
@@ -908,6 +909,38 @@ class StatsCollector:
 
 def _holds_run_files(folder: Path) -> bool:
     return any((folder / name).exists() for name in (RAW_FILE, ERRORS_FILE, PROMPTS_FILE))
+
+
+def _not_a_run_dir(root: Path) -> InputError:
+    what = "not a directory" if root.exists() else "no such directory"
+    return InputError(f"{root}: not a run directory ({what})")
+
+
+def _read_manifest_strictly(path: Path) -> None:
+    """DataError naming the file (and line) unless run.json is a readable JSON object."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # the message names the line and column
+        raise DataError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DataError(path, "expected a JSON object")
+
+
+def check_run_dir(out: str | os.PathLike[str], *, need_datasets: bool = True) -> None:
+    """InputError unless out is a directory whose run.json (when present) is a JSON object and
+    which holds run.json or a dataset folder (or anything, when `need_datasets` is false)."""
+    root = Path(out)
+    if not root.is_dir():
+        raise _not_a_run_dir(root)
+    manifest = root / MANIFEST_FILE
+    if manifest.exists():
+        _read_manifest_strictly(manifest)
+        return
+    if need_datasets and not any(p.is_dir() and _holds_run_files(p) for p in root.iterdir()):
+        raise InputError(f"{root}: not a run directory (no {MANIFEST_FILE} and no "
+                         f"<dataset>/{RAW_FILE})")
 
 
 def collect_stats(
@@ -1024,7 +1057,8 @@ def format_stats_table(stats: RunStats) -> str:
 def render_stats(
     out: str | os.PathLike[str], *, as_json: bool = False, now: float | None = None
 ) -> str:
-    """What ``workbench stats OUT [--json]`` prints."""
+    """What ``workbench stats OUT [--json]`` prints; InputError for a directory that is no run."""
+    check_run_dir(out)
     stats = collect_stats(out, now=now)
     if as_json:
         return json.dumps(stats.to_dict(), indent=2)

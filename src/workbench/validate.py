@@ -683,6 +683,8 @@ def _plan_jobs(
     owners: list[int] = []
     for index, (path, checker) in enumerate(files):
         if not path.is_file():
+            if path.exists():
+                raise DataError(path, "cannot read: not a regular file")
             continue
         ranges = _plan_ranges(path, workers)
         for number, (start, end) in enumerate(ranges, start=1):
