@@ -15,6 +15,7 @@ from workbench.config import Manifest, load_manifest
 from workbench.errors import ResumeMismatch
 from workbench.records import read_rows, read_sample_ids
 from workbench.runner import GenerateOptions, RunSummary, format_progress_line, run_generation
+from workbench.validate import validate_run
 
 pytestmark = pytest.mark.anyio
 
@@ -171,6 +172,12 @@ async def test_token_budget_stops_new_requests(tmp_path: Path) -> None:
     assert progress.overshoot == progress.completion_tokens - 100
     assert server.calls == progress.done < 100
     assert "budget reached" in format_progress_line(progress)
+    run_json = json.loads((tmp_path / "out/run.json").read_text())
+    assert run_json["datasets"]["a"]["budget_reached"] is True
+    findings = {f.rule: f for f in validate_run(tmp_path / "out", workers=1).datasets["a"].findings}
+    assert "missing_response" not in findings
+    assert findings["unsent_budget"].severity == "info"
+    assert findings["unsent_budget"].count == 100 - progress.done
 
 
 async def test_budget_holds_back_requests_in_flight_but_not_other_datasets(tmp_path: Path) -> None:

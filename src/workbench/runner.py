@@ -321,6 +321,7 @@ class Runner:
         self._global: asyncio.Semaphore | None = None
         self._long: asyncio.Semaphore | None = None
         self._wakeups: list[asyncio.Event] = []
+        self._snapshot: tuple[dict[str, Any], dict[str, Any], str] | None = None
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
         self._gate: _ServerGate | None = None
 
@@ -367,7 +368,8 @@ class Runner:
             raise DataError(self.out, reason) from None
         for spec, sampling, prompts in self._loaded:
             self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
-        self._write_manifest(server_info, model_info, _model_name(server_info, model_info))
+        self._snapshot = (dict(server_info), dict(model_info), _model_name(server_info, model_info))
+        self._write_manifest(*self._snapshot)
 
     def _open_dataset(self, spec: DatasetSpec, sampling: Sampling, prompts: list[Prompt]) -> _Dataset:
         folder = self.out / spec.name
@@ -428,6 +430,7 @@ class Runner:
                 "id_field": ds.spec.id_field,
                 "tokenizer": ds.spec.tokenizer,
                 "chat_template_kwargs": dict(ds.spec.chat_template_kwargs),
+                "budget_reached": ds.progress.budget_reached,
             }
         manifest = {
             "workbench_version": __version__,
@@ -660,6 +663,8 @@ class Runner:
                 ds.progress.finished = now
             ds.raw.close()
             ds.errors.close()
+        if self._snapshot is not None:
+            self._write_manifest(*self._snapshot)  # records which budgets stopped their dataset
 
     def progress(self) -> list[DatasetProgress]:
         return [ds.progress for ds in self.datasets.values()]

@@ -13,6 +13,8 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
     bad_type              error     lines whose known fields hold the wrong type
     duplicate_sample_id   error     a sample_id seen before in the same file (raw, prompts)
     missing_response      warning   a prepared prompt with no record (prompts)
+    unsent_budget         info      a prepared prompt with no record in a dataset whose
+                                    max_tokens budget stopped it (run.json budget_reached)
     orphan_response       warning   a record whose sample_id is not a prepared prompt
     no_prompts            warning   prompts.jsonl is absent: the two rules above cannot run
     token_count_mismatch  warning   completion_tokens != len(output_ids); some SGLang versions
@@ -96,6 +98,7 @@ SEVERITY: dict[str, Severity] = {
     "bad_type": "error",
     "duplicate_sample_id": "error",
     "missing_response": "warning",
+    "unsent_budget": "info",
     "orphan_response": "warning",
     "no_prompts": "warning",
     "token_count_mismatch": "warning",
@@ -745,8 +748,11 @@ def _read_prompt_ids(path: Path, max_examples: int) -> _Prompts:
     return prompts
 
 
-def _id_findings(partial: _Partial, prompts: _Prompts | None, tally: _Tally) -> None:
-    """Duplicate and orphan records into tally; missing responses are returned by the caller."""
+def _id_findings(
+    partial: _Partial, prompts: _Prompts | None, tally: _Tally, budget_reached: bool = False
+) -> None:
+    """Duplicate and orphan records into tally; missing responses into the prompts' tally
+    (as `unsent_budget` when the dataset's token budget stopped it)."""
     first_line: dict[SampleId, int] = {}
     for sample_id, line in zip(partial.ids, partial.id_lines, strict=True):
         seen = first_line.setdefault(sample_id, line)
@@ -757,8 +763,10 @@ def _id_findings(partial: _Partial, prompts: _Prompts | None, tally: _Tally) -> 
     if prompts is not None:
         answered = first_line.keys()
         missing = sorted(line for sid, line in prompts.lines.items() if sid not in answered)
+        rule, detail = (("unsent_budget", "not sent: the max_tokens budget was reached")
+                        if budget_reached else ("missing_response", "prepared prompt without a record"))
         for line in missing:
-            prompts.tally.add("missing_response", line, "prepared prompt without a record")
+            prompts.tally.add(rule, line, detail)
 
 
 # --- findings --------------------------------------------------------------------------------
@@ -785,7 +793,7 @@ def _finding(
     rule: str, count: int, examples: list[Example], records: int, prompts: int | None,
     thresholds: Thresholds,
 ) -> Finding:
-    base = prompts if rule == "missing_response" else records
+    base = prompts if rule in ("missing_response", "unsent_budget") else records
     rate = count / base if base and rule != "no_prompts" else None
     severity = SEVERITY[rule]
     limit = thresholds.error_rate(rule)
@@ -801,7 +809,7 @@ def _read_prompts(ds: DatasetDir, thresholds: Thresholds) -> _Prompts | None:
 
 
 def _dataset_report(
-    partial: _Partial, prompts: _Prompts | None, thresholds: Thresholds
+    partial: _Partial, prompts: _Prompts | None, thresholds: Thresholds, budget_reached: bool = False
 ) -> DatasetReport:
     records = _Tally(thresholds.max_examples)
     tallies: list[tuple[str, _Tally]] = [(RAW_FILE, partial.tally), (RAW_FILE, records)]
@@ -811,7 +819,7 @@ def _dataset_report(
         absent = _Tally(thresholds.max_examples)
         absent.add("no_prompts", 0, "file not found: missing and orphan responses not checked")
         tallies.append((PROMPTS_FILE, absent))
-    _id_findings(partial, prompts, records)
+    _id_findings(partial, prompts, records, budget_reached)
     count = len(prompts.lines) if prompts is not None else None
     findings = _findings(tallies, partial.records, count, thresholds)
     ok = not any(f.severity == "error" for f in findings)
@@ -850,7 +858,8 @@ def validate_run(
         with _job_runner(jobs, workers) as results:
             prompts = [_read_prompts(ds, thresholds) for ds in run.datasets]  # while workers scan
             partials = _merged(results, owners, len(files), thresholds)
-        reports = {ds.name: _dataset_report(partial, prompt, thresholds)
+        reports = {ds.name: _dataset_report(partial, prompt, thresholds,
+                                            ds.settings.get("budget_reached") is True)
                    for ds, partial, prompt in zip(run.datasets, partials, prompts, strict=True)}
     except OSError as exc:
         raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
