@@ -221,11 +221,14 @@ def test_report_renders_in_chromium(name: str, reports: dict[str, Any], tmp_path
 
 
 def test_failing_cell_is_named(run: dict[str, Any], tmp_path: Path) -> None:
+    empty = tmp_path / "empty-run"  # passes the up-front check (a run.json), fails in the notebook
+    empty.mkdir()
+    (empty / "run.json").write_text("{}")
     with pytest.raises(ReportError) as caught:
-        run_report("token_distribution", None, {"run_dir": str(tmp_path / "missing")}, tmp_path)
+        run_report("token_distribution", None, {"run_dir": str(empty)}, tmp_path)
     message = str(caught.value)
     assert "cell 2 (overview = explore.run_overview(" in message
-    assert "DataError" in message and "missing" in message
+    assert "DataError" in message and "no datasets" in message
     executed = next(tmp_path.glob("token_distribution-*/token_distribution.ipynb"))
     assert str(executed.resolve()) in message
 
