@@ -376,6 +376,29 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- tune
+def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("tune", help="sweep server configurations under load, recommend one",
+                       description="Launch the server (SGLang or the simulator) for each configuration, "
+                                   "measure throughput and latency at each concurrency, recommend the "
+                                   "best configuration and project the job's time.")
+    p.add_argument("--params", required=True, type=Path, help="tuning parameters (params/tuning.sim.yaml)")
+    p.add_argument("--out", type=Path, help="output directory (default: outputs/tuning/<params name>)")
+    p.add_argument("--dry-run", action="store_true", help="print the server commands and exit")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out, skipping its finished points")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter, e.g. --set server.launcher=sim (repeatable)")
+    p.set_defaults(func=_cmd_tune)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from workbench.tuning import run_sweep_cli
+
+    return run_sweep_cli(args.params, args.out, dry_run=args.dry_run, resume=args.resume,
+                         overrides=args.overrides, say=lambda m: print(m, flush=True))
+
+
 # --------------------------------------------------------------------------- demo
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on the simulator",
@@ -406,7 +429,8 @@ def _server_message(exc: Exception) -> str:
 
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
-    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report, _add_demo,
+    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report, _add_tune,
+    _add_demo,
 )
 
 

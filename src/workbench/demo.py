@@ -2,7 +2,8 @@
 
 Starts the simulator on a free port, generates the example datasets into the output
 directory (stopping the simulator whatever happens), then writes the token-distribution and
-format-validation reports and a training-ready export of the run.
+format-validation reports, a training-ready export of the run, and a short tuning sweep on
+the simulator with its report.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def run_demo(
         return summary
     _report(out, say)
     _export(out, say)
+    _tune(out, say)
     return summary
 
 
@@ -84,3 +86,11 @@ def _export(out: Path, say: Callable[[str], None]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     summary = export_run(out, target, ExportOptions(drop=("truncated", "reasoning_unclosed")))
     say(format_summary(summary))
+
+
+def _tune(out: Path, say: Callable[[str], None]) -> None:
+    from workbench.tuning import run_demo_sweep
+
+    say("tuning sweep on the simulator (params/tuning.sim.yaml, shortened) ...")
+    report = run_demo_sweep(out / "tuning", out / "reports", say=say)
+    say(f"tuning report: {report.html_path}")

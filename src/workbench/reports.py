@@ -62,7 +62,7 @@ __all__ = [
 DATA_MIME = "application/vnd.workbench.data+json"
 REPORTS = ("token_distribution", "format_validation", "explore")
 DEMO_REPORTS = ("token_distribution", "format_validation")
-PATH_PARAMETERS = ("run_dir", "tokenizer")
+PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params")
 DEFAULT_OUT = Path("outputs/reports")
 _TYPE_NAMES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
                                "list": list, "dict": dict, "Any": Any}

@@ -1,0 +1,282 @@
+"""Figures and report blocks of a tuning sweep, drawn from shaped data.
+
+The frames come from :mod:`workbench.tuning` (`curves_frame`, `configs_frame`,
+`results_frame`) and the recommendation from `tuning.recommend_sweep`; nothing is computed
+here. Figures return :class:`plotly.graph_objects.Figure`; blocks return
+:class:`workbench.plots.Rendered` (escaped HTML, plus the data shown under the workbench
+data mimetype so tools and tests can read it back from an executed notebook). A
+configuration keeps its colour in every figure: its position in the sweep's order.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.plots import PALETTE, REPORT_CSS, Rendered
+from workbench.tuning import format_hours
+
+__all__ = [
+    "capacity_figure",
+    "latency_figure",
+    "points_view",
+    "recommendation_view",
+    "sweep_header",
+    "throughput_figure",
+    "usage_figure",
+]
+
+FAILED_COLOR = "#C62828"
+_BOTTOM_LEGEND: dict[str, Any] = {
+    "legend": {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "center", "x": 0.5},
+    "margin": {"b": 120},
+}
+_LATENCIES = (("ttft", "TTFT (ms)", "ms"), ("itl", "ITL (ms)", "ms"), ("e2e", "end-to-end (s)", "s"))
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _names(frame: pd.DataFrame) -> list[str]:
+    values = frame["config"]
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return [str(c) for c in values.cat.categories]
+    return list(dict.fromkeys(str(v) for v in values))
+
+
+def _colors(frame: pd.DataFrame) -> dict[str, str]:
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(_names(frame))}
+
+
+def _groups(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    return [(str(n), g) for n, g in frame.groupby("config", observed=True, sort=True)]
+
+
+def _empty(title: str, message: str) -> go.Figure:
+    fig = go.Figure(layout={"title": {"text": title}, "height": 220})
+    fig.add_annotation(text=message, showarrow=False, font={"size": 14, "color": "#616e7c"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _concurrency_axis(fig: go.Figure, curves: pd.DataFrame, **where: Any) -> None:
+    """Concurrency on x (log when it spans 8x or more); one concurrency: configurations."""
+    ticks = sorted({int(c) for c in curves["concurrency"]})
+    if len(ticks) == 1:
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=_names(curves),
+                         title_text=f"configuration, at {ticks[0]} concurrent requests", **where)
+        return
+    fig.update_xaxes(type="log" if len(ticks) > 2 and ticks[-1] / ticks[0] >= 8 else "linear",
+                     tickvals=ticks, title_text="concurrent requests", **where)
+
+
+def _series(g: pd.DataFrame, y: pd.Series, name: str, color: str, hover: str, *,
+            single: bool, faded: bool = False, **extra: Any) -> go.Bar | go.Scatter:
+    """A configuration's values: a line against concurrency, or a bar when the sweep has a
+    single concurrency (`hover` describes %{y} for either)."""
+    tail = "<extra>" + _e(name) + "</extra>"
+    if single:
+        return go.Bar(x=[name] * len(g), y=y, name=name, hovertemplate=hover + tail,
+                      marker={"color": color, "opacity": 0.45 if faded else 1.0}, **extra)
+    return go.Scatter(x=g["concurrency"], y=y, name=name, mode="lines+markers",
+                      line={"color": color, "width": 2, "dash": "dash" if faded else "solid"},
+                      marker={"size": 7}, hovertemplate="%{x} concurrent: " + hover + tail, **extra)
+
+
+def _single(curves: pd.DataFrame) -> bool:
+    return int(curves["concurrency"].nunique()) == 1
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+
+def throughput_figure(curves: pd.DataFrame,
+                      title: str = "Output throughput by concurrency") -> go.Figure:
+    """Output tok/s against concurrency, one line per configuration (curves_frame); one bar
+    per configuration when the sweep has a single concurrency."""
+    if curves.empty:
+        return _empty(title, "no finished point")
+    colors, fig, single = _colors(curves), go.Figure(), _single(curves)
+    for name, g in _groups(curves):
+        fig.add_trace(_series(
+            g, g["output_throughput"], name, colors[name],
+            "%{y:,.0f} tok/s<br>%{customdata[0]:.3f} req/s, %{customdata[1]:.1f} running",
+            single=single, customdata=g[["request_throughput", "mean_running"]].to_numpy()))
+    fig.update_layout(title={"text": title}, yaxis_title="output tokens / s",
+                      yaxis_rangemode="tozero", showlegend=not single, **_BOTTOM_LEGEND)
+    _concurrency_axis(fig, curves)
+    return fig
+
+
+def latency_figure(curves: pd.DataFrame,
+                   title: str = "Latency percentiles by concurrency") -> go.Figure:
+    """TTFT, ITL and end-to-end latency, p50 and p99 (dashed line or faded bar), one colour
+    per configuration (curves_frame). TTFT and ITL exist for streamed loads only."""
+    if curves.empty:
+        return _empty(title, "no finished point")
+    colors, single = _colors(curves), _single(curves)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[label for _, label, _ in _LATENCIES],
+                        horizontal_spacing=0.07)
+    for col, (key, _, unit) in enumerate(_LATENCIES, start=1):
+        for name, g in _groups(curves):
+            for q in ("p50", "p99"):
+                fig.add_trace(_series(
+                    g, g[f"{key}_{q}_{unit}"], name, colors[name], f"{q} %{{y:,.1f}} {unit}",
+                    single=single, faded=q == "p99", legendgroup=name, offsetgroup=q,
+                    showlegend=col == 1 and q == "p50"),
+                    row=1, col=col)
+        if curves[[f"{key}_p50_{unit}"]].isna().all().all():
+            fig.add_annotation(text="not measured<br>(load without streaming)", showarrow=False,
+                               xref=f"x{'' if col == 1 else col} domain",
+                               yref=f"y{'' if col == 1 else col} domain", x=0.5, y=0.5,
+                               font={"color": "#616e7c"})
+        _concurrency_axis(fig, curves, row=1, col=col)
+        fig.update_xaxes(showticklabels=not single, row=1, col=col)  # colours name them
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    kind = "faded bars" if single else "dashed lines"
+    fig.update_layout(title={"text": f"{title} (p50, and p99 in {kind})"}, height=480,
+                      barmode="group", **_BOTTOM_LEGEND)
+    return fig
+
+
+def capacity_figure(configs: pd.DataFrame,
+                    title: str = "KV cache capacity per configuration") -> go.Figure:
+    """The KV pool (max_total_num_tokens) of each configuration (configs_frame); a failed
+    configuration is a red marker with its reason on hover."""
+    if configs.empty:
+        return _empty(title, "no configuration")
+    colors = _colors(configs)
+    ok = configs[configs["status"] == "ok"]
+    failed = configs[configs["status"] != "ok"]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        x=[str(c) for c in ok["config"]], y=ok["max_total_num_tokens"], name="KV tokens",
+        marker={"color": [colors[str(c)] for c in ok["config"]]},
+        text=[f"{v:,.0f}" if pd.notna(v) else "-" for v in ok["max_total_num_tokens"]],
+        textposition="outside", customdata=ok[["kv_cache_dtype", "args"]].to_numpy(),
+        hovertemplate="%{x}: %{y:,.0f} tokens<br>KV %{customdata[0]}<br>%{customdata[1]}"
+                      "<extra></extra>"))
+    if not failed.empty:
+        fig.add_trace(go.Scatter(
+            x=[str(c) for c in failed["config"]], y=[0] * len(failed), name="failed to start",
+            mode="markers+text", marker={"symbol": "x", "size": 14, "color": FAILED_COLOR},
+            text=["failed"] * len(failed), textposition="top center",
+            customdata=[[_e(r)] for r in failed["reason"]],
+            hovertemplate="%{x}: %{customdata[0]}<extra></extra>"))
+    fig.update_layout(title={"text": title}, yaxis_title="tokens in the KV pool (per rank)",
+                      xaxis={"categoryorder": "array", "categoryarray": _names(configs)},
+                      showlegend=not failed.empty)
+    return fig
+
+
+def usage_figure(curves: pd.DataFrame,
+                 title: str = "Token usage and running requests by concurrency") -> go.Figure:
+    """Peak KV token usage and mean running requests against concurrency (curves_frame)."""
+    if curves.empty:
+        return _empty(title, "no finished point")
+    colors, single = _colors(curves), _single(curves)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["peak token usage", "running requests"],
+                        horizontal_spacing=0.1)
+    for name, g in _groups(curves):
+        fig.add_trace(_series(g, g["peak_token_usage"] * 100, name, colors[name],
+                              "%{y:.0f}% of the pool", single=single, legendgroup=name),
+                      row=1, col=1)
+        fig.add_trace(_series(
+            g, g["mean_running"], name, colors[name],
+            "%{y:.1f} running (max %{customdata[0]:.0f}), %{customdata[1]:.1f} queued",
+            single=single, customdata=g[["max_running", "mean_queued"]].to_numpy(),
+            legendgroup=name, showlegend=False), row=1, col=2)
+    for col in (1, 2):
+        _concurrency_axis(fig, curves, row=1, col=col)
+    fig.update_yaxes(title_text="% of the KV pool", range=[0, 105], row=1, col=1)
+    fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title={"text": title}, height=480, showlegend=not single, **_BOTTOM_LEGEND)
+    return fig
+
+
+# --- report blocks ---------------------------------------------------------------------------
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+           classes: Sequence[str] | None = None) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        f'<tr class="{c}">' + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>"
+        for row, c in zip(rows, classes or [""] * len(rows), strict=True))
+    return f'<table class="wb-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None or pd.isna(value) else format(value, spec)
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def sweep_header(overview: Mapping[str, Any], title: str = "Throughput tuning") -> Rendered:
+    """The report's title and the sweep's facts (tuning.sweep_overview); carries REPORT_CSS."""
+    rows = [("Sweep", overview.get("name")), ("Directory", overview.get("out")),
+            ("Server", overview.get("launcher")), ("Model", overview.get("model")),
+            ("Configurations", overview.get("configs")),
+            ("Points", (f"{overview.get('finished')} of {overview.get('points')} finished, "
+                        f"{overview.get('failed')} failed")),
+            ("Concurrency", ", ".join(str(c) for c in overview.get("concurrency", []))),
+            ("Streaming", "yes (TTFT and ITL measured)" if overview.get("stream") else "no"),
+            ("Started", _when(overview.get("created")))]
+    items = "".join(f'<div class="wb-item"><span class="wb-key">{_e(k)}</span>'
+                    f'<span class="wb-value">{_e(v)}</span></div>' for k, v in rows)
+    return Rendered(
+        f'<div class="wb-report"><style>{REPORT_CSS}</style><div class="wb-header">'
+        f'<div class="wb-kicker">EAGLE-3 data workbench</div><h1>{_e(title)}</h1>'
+        f'<div class="wb-meta">{items}</div></div></div>', dict(overview))
+
+
+def recommendation_view(rec: Any) -> Rendered:
+    """A banner with the recommendation and the projection, and one row per configuration
+    at the chosen concurrency (a tuning.Recommendation)."""
+    state = "pass" if rec.best is not None else "fail"
+    big = (f"{rec.best}: {rec.projection_text}" if rec.best and rec.remaining_tokens is not None
+           else (rec.best or "no configuration within the limits"))
+    banner = (f'<div class="wb-banner {state}"><div class="wb-big">{_e(big)}</div>'
+              f'<div class="wb-sub">{_e(rec.text)}</div></div>')
+    headers = ["configuration", "output tok/s", "vs baseline", "running", "KV tokens",
+               "TTFT p99 ms", "ITL p50 ms", "e2e p50 s", "projected job time", "limits"]
+    rows, classes = [], []
+    for r in rec.rows:
+        mark = " (recommended)" if r.config == rec.best else (
+            " (baseline)" if r.config == rec.baseline else "")
+        limits = r.reason or ("; ".join(r.violations) if r.violations else "within")
+        rows.append([r.config + mark, _num(r.output_throughput, ",.0f"), _num(r.ratio, ".2f") + "x"
+                     if r.ratio is not None else "-", _num(r.mean_running, ".1f"),
+                     _num(r.max_total_num_tokens, ",.0f"), _num(r.ttft_p99_ms, ",.0f"),
+                     _num(r.itl_p50_ms, ".1f"), _num(r.e2e_p50_s, ",.1f"),
+                     format_hours(r.hours), limits])
+        classes.append("sev-ok" if r.config == rec.best else (
+            "sev-error" if r.status != "ok" else ("sev-warning" if r.violations else "")))
+    caption = f'<div class="wb-note">at concurrency {_e(rec.concurrency)}</div>'
+    return Rendered(f'<div class="wb-report">{banner}{caption}{_table(headers, rows, classes)}</div>',
+                    rec.to_dict())
+
+
+def points_view(frame: pd.DataFrame) -> Rendered:
+    """Every point of the sweep (results_frame), failures with their reason."""
+    headers = ["configuration", "concurrency", "repeat", "status", "output tok/s", "req/s",
+               "TTFT p50 ms", "ITL p50 ms", "e2e p50 s", "peak usage", "hit rate", "errors", "note"]
+    rows = [[r.config, r.concurrency, r.repeat, r.status, _num(r.output_throughput, ",.0f"),
+             _num(r.request_throughput, ".3f"), _num(r.ttft_p50_ms, ",.0f"),
+             _num(r.itl_p50_ms, ".1f"), _num(r.e2e_p50_s, ",.1f"), _num(r.peak_token_usage, ".2f"),
+             _num(r.cache_hit_rate, ".2f"), r.errors, "" if pd.isna(r.reason) else r.reason]
+            for r in frame.itertuples()]
+    classes = ["sev-error" if r.status != "ok" else "" for r in frame.itertuples()]
+    data = [{k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in row.items()}
+            for row in frame.astype({"config": str}).to_dict("records")]
+    return Rendered(f'<div class="wb-report">{_table(headers, rows, classes)}</div>', data)

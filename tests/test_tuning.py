@@ -1,0 +1,472 @@
+"""The tuning sweep on the simulator: results, failures, resume, interruption, dry run,
+parameters, recommendation and projection, the report, and the Kimi-K2.5 replay."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from workbench.client import SGLangClient
+from workbench.errors import ConfigError, InputError
+from workbench.tuning import (
+    LatencyLimits,
+    LoadParams,
+    LoadPrompt,
+    PointLoad,
+    PointResult,
+    SweepSummary,
+    expand_grid,
+    format_hours,
+    load_results,
+    load_tuning_params,
+    projection,
+    recommend,
+    recommend_sweep,
+    remaining_from_manifest,
+    remaining_from_run,
+    run_sweep,
+    run_sweep_cli,
+    summarize_point,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = ROOT / "params"
+REQUIRED_COLUMNS = ("config", "concurrency", "status", "output_throughput", "request_throughput",
+                    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "e2e_p50_s", "max_total_num_tokens",
+                    "peak_token_usage", "time_scale")
+
+
+def write_params(folder: Path, body: dict[str, Any], name: str = "tuning.yaml") -> Path:
+    path = folder / name
+    path.write_text(json.dumps(body, indent=1))  # JSON is YAML
+    return path
+
+
+def sim_params(configs: list[dict[str, Any]], *, speed: float = 3.0, **load: Any) -> dict[str, Any]:
+    """A sweep of the dense-8b simulator profile with small, quick points."""
+    return {
+        "server": {"launcher": "sim", "startup_timeout": 30, "stop_grace": 5,
+                   "sim": {"profile": "dense-8b-1x24gb", "speed": speed}},
+        "grid": {"configs": configs},
+        "load": {"concurrency": [4, 48], "warmup_requests": 8, "duration": 10, "max_new_tokens": 256,
+                 "prompts": {"count": 200, "input_len": [300, 700], "shared_prefix": 128,
+                             "prefix_groups": 8},
+                 "sample_interval": 0.5, **load},
+        "projection": {"remaining_tokens": 10_000_000},
+    }
+
+
+def csv_rows(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def group_gone(pgid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def server_pids(out: Path) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in sorted(out.glob("*/config.json"))]
+
+
+def sweep_subprocess(params: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    code = textwrap.dedent(f"""
+        import sys
+        from workbench.tuning import run_sweep_cli
+        sys.exit(run_sweep_cli({str(params)!r}, {str(out)!r}, resume={'--resume' in extra},
+                               say=lambda m: print(m, flush=True)))
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(interval)
+
+
+# --- one point's load against a fake server ------------------------------------------------------
+
+
+def reply(ids: list[int]) -> dict[str, Any]:
+    return {"text": "", "output_ids": ids, "meta_info": {
+        "prompt_tokens": 3, "completion_tokens": len(ids), "cached_tokens": 1,
+        "finish_reason": {"type": "stop", "matched": ids[-1]}, "e2e_latency": 0.01}}
+
+
+def fake_server(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/metrics":
+        return httpx.Response(404, json={"error": {"message": "metrics off"}})
+    body = json.loads(request.content)
+    if not body.get("stream"):
+        return httpx.Response(200, json=reply([5, 6, 7]))
+    chunks = [f"data: {json.dumps(reply([5, 6, 7][:n]))}\n\n" for n in (1, 2, 3)]
+    return httpx.Response(200, text="".join(chunks) + "data: [DONE]\n\n",
+                          headers={"content-type": "text/event-stream"})
+
+
+def run_load(load: LoadParams, concurrency: int = 2, **kwargs: Any) -> Any:
+    import asyncio
+
+    async def go() -> Any:
+        async with SGLangClient("http://sim", transport=httpx.MockTransport(fake_server)) as client:
+            prompts = [LoadPrompt(i, [1, 2, 3]) for i in range(5)]
+            return await PointLoad(client, prompts, load, concurrency, **kwargs).run()
+
+    return asyncio.run(go())
+
+
+def test_warm_up_requests_are_left_out_of_the_window() -> None:
+    outcome = run_load(LoadParams(concurrency=[2], warmup_requests=3, requests=10, stream=False),
+                       time_scale=2.0)
+    phases = [row.phase for row in outcome.rows]
+    assert phases[:3] == ["warmup"] * 3 and phases[3:] == ["measured"] * 10
+    result = summarize_point(outcome, config="a", concurrency=2, repeat=1, time_scale=2.0)
+    assert (result.status, result.requests, result.errors, result.output_tokens) == ("ok", 10, 0, 30)
+    window = outcome.window_end - outcome.window_start
+    assert result.output_throughput == pytest.approx(30 / window, rel=1e-3)
+    assert result.ttft_p50_ms is None and result.e2e_p50_s is not None
+    assert result.time_scale == 2.0 and result.peak_token_usage is None
+
+
+def test_streamed_requests_give_ttft_itl_and_window_tokens() -> None:
+    outcome = run_load(LoadParams(concurrency=[1], warmup_requests=1, requests=4), concurrency=1)
+    result = summarize_point(outcome, config="a", concurrency=1, repeat=1, time_scale=1.0)
+    assert result.status == "ok" and result.requests == 4 and result.output_tokens == 12
+    assert result.ttft_p50_ms is not None and result.itl_p50_ms is not None
+    assert all(row.completion_tokens == 3 for row in outcome.rows)
+
+
+def test_a_server_that_dies_fails_the_point_with_its_reason() -> None:
+    calls: list[int] = []
+
+    def server_exit() -> str | None:
+        calls.append(1)
+        return "server killed by SIGKILL: out of memory: CUDA out of memory" if len(calls) > 3 else None
+
+    outcome = run_load(LoadParams(concurrency=[2], duration=1e9, sample_interval=0.05, stream=False),
+                       server_exit=server_exit)
+    result = summarize_point(outcome, config="a", concurrency=2, repeat=1, time_scale=1.0)
+    assert result.status == "failed" and "out of memory" in (result.reason or "")
+
+
+# --- a sweep of three configurations (one failing) by two concurrencies ------------------------
+
+
+@pytest.fixture(scope="module")
+def sim_sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, SweepSummary]]:
+    folder = tmp_path_factory.mktemp("sweep")
+    params = write_params(folder, sim_params([
+        {"name": "small", "args": {"mem_fraction_static": 0.80}},
+        {"name": "oom", "args": {"mem_fraction_static": 0.97}},
+        {"name": "big", "args": {"mem_fraction_static": 0.88, "kv_cache_dtype": "fp8_e4m3"}},
+    ]))
+    out = folder / "out"
+    yield out, run_sweep(params, out)
+
+
+def test_sweep_completes_with_sensible_numbers(sim_sweep: tuple[Path, SweepSummary]) -> None:
+    out, summary = sim_sweep
+    assert (summary.ran, summary.skipped, summary.failed, summary.interrupted) == (6, 0, 2, False)
+    rows = csv_rows(out)
+    assert set(REQUIRED_COLUMNS) <= set(rows[0])
+    assert [(r["config"], r["concurrency"], r["status"]) for r in rows] == [
+        ("small", "4", "ok"), ("small", "48", "ok"), ("oom", "4", "failed"), ("oom", "48", "failed"),
+        ("big", "4", "ok"), ("big", "48", "ok")]
+    ok = {(r["config"], int(r["concurrency"])): r for r in rows if r["status"] == "ok"}
+    for row in ok.values():
+        assert float(row["output_throughput"]) > 0 and float(row["request_throughput"]) > 0
+        assert 0 < float(row["ttft_p50_ms"]) <= float(row["ttft_p99_ms"])
+        assert 0 < float(row["itl_p50_ms"]) < 200 and float(row["e2e_p50_s"]) > 0
+        assert float(row["time_scale"]) == 3.0 and 0 < float(row["peak_token_usage"]) <= 1
+    small, big = ok["small", 48], ok["big", 48]
+    assert int(big["max_total_num_tokens"]) > int(small["max_total_num_tokens"])
+    assert float(big["output_throughput"]) >= float(small["output_throughput"])
+    assert float(big["mean_running"]) > float(small["mean_running"])
+    assert float(ok["small", 48]["output_throughput"]) > float(ok["small", 4]["output_throughput"])
+
+
+def test_a_failing_configuration_is_recorded_and_the_sweep_goes_on(
+        sim_sweep: tuple[Path, SweepSummary]) -> None:
+    out, _ = sim_sweep
+    failed = [r for r in load_results(out) if r.config == "oom"]
+    assert [r.status for r in failed] == ["failed", "failed"]
+    assert all("out of memory" in (r.reason or "") for r in failed)
+    assert "exited with code 1" in (failed[0].reason or "")
+    assert all(r.ok for r in load_results(out) if r.config == "big")
+
+
+def test_each_point_has_its_folder(sim_sweep: tuple[Path, SweepSummary]) -> None:
+    out, _ = sim_sweep
+    point = out / "big" / "c48"
+    for name in ("result.json", "requests.jsonl", "samples.jsonl", "metrics_before.txt",
+                 "metrics_after.txt", "server_info.json", "server.log"):
+        assert (point / name).is_file(), name
+    rows = [json.loads(line) for line in (point / "requests.jsonl").read_text().splitlines()]
+    phases = [r["phase"] for r in rows]
+    assert phases.count("warmup") == 8 and "measured" in phases
+    result = json.loads((point / "result.json").read_text())
+    assert result["requests"] == sum(1 for r in rows if r["phase"] == "measured" and r["ok"])
+    assert "sglang:num_running_reqs" in (point / "metrics_after.txt").read_text()
+    assert "Decode batch" in (point / "server.log").read_text()
+    assert json.loads((out / "big" / "server_info.json").read_text())["max_total_num_tokens"] > 0
+
+
+def test_no_server_is_left_after_the_sweep(sim_sweep: tuple[Path, SweepSummary]) -> None:
+    out, _ = sim_sweep
+    pids = server_pids(out)
+    assert len(pids) == 3
+    for pid in pids:
+        assert group_gone(pid, timeout=3)
+
+
+def test_the_recommendation_and_the_report(sim_sweep: tuple[Path, SweepSummary], tmp_path: Path) -> None:
+    from workbench.reports import cell_data
+    from workbench.tuning import tuning_report
+
+    out, _ = sim_sweep
+    rec = recommend_sweep(out)
+    assert (rec.best, rec.baseline, rec.concurrency) == ("big", "small", 48)
+    assert rec.projection_text.count(" h") == 2 and "->" in rec.text
+    report = tuning_report(out, tmp_path / "reports")
+    assert report.html_path.is_file()
+    shown = cell_data(report.notebook_path, "recommendation")
+    assert shown["best"] == "big" and shown["projection"] == rec.projection_text
+    assert len(cell_data(report.notebook_path, "points")) == 6
+
+
+# --- resume and interruption ---------------------------------------------------------------------
+
+
+def test_a_killed_sweep_resumes_without_redoing_finished_points(tmp_path: Path) -> None:
+    params = write_params(tmp_path, sim_params(
+        [{"name": "only", "args": {"mem_fraction_static": 0.85}}], speed=10.0,
+        concurrency=[2, 4, 8], duration=None, requests=12, warmup_requests=2, stream=False))
+    out = tmp_path / "out"
+    proc = sweep_subprocess(params, out)
+    first = out / "only" / "c2" / "result.json"
+    wait_for(first.exists)
+    proc.kill()
+    proc.wait()
+    pid = server_pids(out)[0]
+    assert group_gone(pid), "the killed sweep left its server running"
+    done = {p.parent.name: p.read_bytes() for p in out.glob("only/*/result.json")}
+    requests_before = (out / "only" / "c2" / "requests.jsonl").read_bytes()
+    assert "c2" in done and len(done) < 3
+    summary = run_sweep(params, out, resume=True)
+    assert (summary.ran, summary.skipped) == (3 - len(done), len(done))
+    for name, data in done.items():
+        assert (out / "only" / name / "result.json").read_bytes() == data
+    assert (out / "only" / "c2" / "requests.jsonl").read_bytes() == requests_before
+    assert [r["concurrency"] for r in csv_rows(out)] == ["2", "4", "8"]
+    again = run_sweep(params, out, resume=True)
+    assert (again.ran, again.skipped) == (0, 3)
+    with pytest.raises(InputError, match="--resume"):
+        run_sweep(params, out)
+
+
+def test_an_interrupted_sweep_stops_its_server(tmp_path: Path) -> None:
+    params = write_params(tmp_path, sim_params(
+        [{"name": "a", "args": {}}, {"name": "b", "args": {}}], duration=3600))
+    out = tmp_path / "out"
+    proc = sweep_subprocess(params, out)
+    wait_for(lambda: (out / "a" / "c4" / "samples.jsonl").exists() or
+             b"Decode batch" in _read(out / "a" / "server.log"))
+    pid = server_pids(out)[0]
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, output
+    assert "stopping the sweep" in output
+    assert group_gone(pid, timeout=3)
+    assert not (out / "b").exists()
+    assert (out / "results.csv").read_text().startswith("config,")
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+# --- dry run and parameters -------------------------------------------------------------------------
+
+
+def test_dry_run_prints_the_exact_server_commands(tmp_path: Path) -> None:
+    params = write_params(tmp_path, {
+        "server": {"launcher": "sglang", "model_path": "/models/Kimi-K2.5", "port": 30000,
+                   "args": {"tp_size": 8, "trust_remote_code": True}, "python": "python3",
+                   "env": {"SGLANG_X": "1"}},
+        "grid": {"matrix": {"mem_fraction_static": [0.8, 0.88],
+                            "hicache": [{"name": "nohicache"},
+                                        {"name": "hicache48", "args": {"enable_hierarchical_cache": True,
+                                                                       "hicache_size": 48}}]}},
+        "load": {"concurrency": [150], "duration": 600},
+    })
+    lines: list[str] = []
+    assert run_sweep_cli(params, dry_run=True, say=lines.append) == 0
+    base = ("SGLANG_X=1 python3 -m sglang.launch_server --host 127.0.0.1 --port 30000 --model-path "
+            "/models/Kimi-K2.5 --enable-metrics --tp-size 8 --trust-remote-code")
+    assert lines[0].splitlines() == [
+        "# mfs0.8-nohicache", f"{base} --mem-fraction-static 0.8",
+        "# mfs0.8-hicache48", f"{base} --mem-fraction-static 0.8 --enable-hierarchical-cache --hicache-size 48",
+        "# mfs0.88-nohicache", f"{base} --mem-fraction-static 0.88",
+        "# mfs0.88-hicache48", f"{base} --mem-fraction-static 0.88 --enable-hierarchical-cache --hicache-size 48",
+    ]
+    sim: list[str] = []
+    run_sweep_cli(params, dry_run=True, overrides=["server.launcher=sim"], say=sim.append)
+    text = sim[0].splitlines()
+    assert text[1] == "# ignored by the simulator: --trust-remote-code"
+    assert text[2].startswith("SGLANG_X=1 python3 -m workbench.sim --host 127.0.0.1 --port 30000 "
+                              "--model-path /models/Kimi-K2.5 --profile fast --speed 1.0")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_example_parameter_files_load() -> None:
+    sim = load_tuning_params(PARAMS / "tuning.sim.yaml")
+    assert len(expand_grid(sim)) >= 3 and sim.server.launcher == "sim"
+    kimi = load_tuning_params(PARAMS / "tuning.kimi-k25.yaml")
+    configs = expand_grid(kimi)
+    assert [c.name for c in configs][:2] == ["mfs0.8-kvauto-nohicache", "mfs0.8-kvauto-hicache48"]
+    assert len(configs) == 8 and kimi.grid.baseline == configs[0].name
+    tuned = next(c for c in configs if c.name == "mfs0.88-kvbf16-hicache48")
+    assert tuned.args == {"tp_size": 8, "trust_remote_code": True, "enable_metrics": True,
+                          "mem_fraction_static": 0.88, "kv_cache_dtype": "bf16",
+                          "enable_hierarchical_cache": True, "hicache_size": 48}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"load": {"concurency": [4], "duration": 5}}, "load.concurency: unknown key (known: "),
+    ({"load": {"concurrency": [4], "duration": "long"}}, "load.duration: expected float, got str"),
+    ({"load": {"concurrency": [4]}}, "load: set requests or duration"),
+    ({"load": {"concurrency": [0], "duration": 5}}, "load.concurrency[0]: expected int >= 1"),
+    ({"server": {"launcher": "vllm"}}, "server.launcher: invalid value"),
+    ({"server": {"launcher": "sglang"}}, "server.model_path: required with launcher sglang"),
+    ({"grid": {"configs": [{"name": "a"}, {"name": "a"}]}}, "two configurations are called 'a'"),
+    ({"grid": {"configs": [{"name": "a/b"}]}}, "is not a safe directory name"),
+    ({"grid": {"baseline": "x"}}, "grid.baseline: no configuration 'x'"),
+    ({"grid": {"matrix": {"hicache": [{"nme": "x"}]}}}, "grid.matrix.hicache[0]: expected a value or"),
+])
+def test_bad_parameters_are_one_line_config_errors(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    body = {"load": {"concurrency": [4], "duration": 5}, **change}
+    path = write_params(tmp_path, body)
+    with pytest.raises(ConfigError) as info:
+        run_sweep_cli(path, tmp_path / "out", say=print)
+    assert message in str(info.value)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_overrides_are_checked_key_by_key(tmp_path: Path) -> None:
+    path = write_params(tmp_path, {"load": {"concurrency": [4], "duration": 5}})
+    params = load_tuning_params(path, ["load.concurrency=[8, 16]", "server.sim.speed=50"])
+    assert params.load.concurrency == [8, 16] and params.server.sim.speed == 50
+    with pytest.raises(ConfigError, match=r"^--set: load.duratin: unknown key 'duratin' \(known: concurrency, "):
+        load_tuning_params(path, ["load.duratin=3"])
+    with pytest.raises(ConfigError, match=r"^--set: load.duration: expected float, got str$"):
+        load_tuning_params(path, ["load.duration=abc"])
+    with pytest.raises(ConfigError, match=r"^--set: server.launcher: invalid enum value 'x'"):
+        load_tuning_params(path, ["server.launcher=x"])
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_tuning_params(path, ["load.duration"])
+
+
+# --- recommendation and projection -----------------------------------------------------------------
+
+
+def point(config: str, tok_s: float | None, *, concurrency: int = 150, status: str = "ok",
+          **figures: Any) -> PointResult:
+    return PointResult(config=config, concurrency=concurrency, status=status,
+                       output_throughput=tok_s, requests=100, **figures)
+
+
+def test_projection_shows_the_baseline_next_to_the_best() -> None:
+    remaining = 123_120_000
+    assert projection(remaining, 600) == pytest.approx(57.0)
+    results = [point("untuned", 600.0), point("fast-but-slow-ttft", 2500.0, ttft_p99_ms=90_000.0),
+               point("tuned", 1868.9), point("broken", None, status="failed", reason="out of memory"),
+               point("tuned", 900.0, concurrency=64)]
+    rec = recommend(results, limits=LatencyLimits(ttft_p99_ms=60_000), remaining_tokens=remaining,
+                    concurrency=150)
+    assert (rec.best, rec.baseline) == ("tuned", "untuned")
+    assert rec.projection_text == "57.0 h -> 18.3 h"
+    assert "recommended: tuned at concurrency 150: 1,869 output tok/s (3.11x untuned)" in rec.text
+    rows = {r.config: r for r in rec.rows}
+    assert rows["fast-but-slow-ttft"].violations == ("ttft_p99_ms 90,000 > 60,000",)
+    assert rows["broken"].status == "failed" and rows["broken"].reason == "out of memory"
+    assert format_hours(0.5) == "30.0 min" and format_hours(None) == "-"
+
+
+def test_without_a_concurrency_the_best_point_chooses_it() -> None:
+    results = [point("a", 500.0, concurrency=64), point("a", 600.0), point("b", 700.0, concurrency=64),
+               point("b", 650.0)]
+    rec = recommend(results)
+    assert (rec.best, rec.concurrency, rec.remaining_tokens) == ("b", 64, None)
+    assert "no projection" not in rec.text
+
+
+def test_remaining_tokens_from_a_manifest_and_from_a_run(tmp_path: Path) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"sample_id": i, "input_ids": [1, 2, 3]}) + "\n" for i in range(10)))
+    manifest = tmp_path / "datasets.yaml"
+    manifest.write_text(json.dumps({"model_profile": "kimi-k2.5", "datasets": [
+        {"name": "a", "path": str(data), "input": "input_ids", "max_tokens": 5000},
+        {"name": "b", "path": str(data), "input": "input_ids", "max_samples": 4},
+        {"name": "c", "path": str(data), "input": "input_ids"}]}))
+    assert remaining_from_manifest(manifest, 100) == 5000 + 4 * 100 + 10 * 100
+    with pytest.raises(ConfigError, match="mean_completion_tokens"):
+        remaining_from_manifest(manifest)
+    run = tmp_path / "run"
+    for name in ("a", "b"):
+        (run / name).mkdir(parents=True)
+        (run / name / "raw_responses.jsonl").write_text("".join(json.dumps(
+            {"sample_id": i, "output_ids": [], "prompt_tokens": 3, "completion_tokens": 200,
+             "cached_tokens": 0, "finish_reason": "stop", "matched_stop": None, "e2e_latency": 1.0,
+             "ts": 1.0, "schema": 1}) + "\n" for i in range(4)))
+    (run / "run.json").write_text(json.dumps({"datasets": {"a": {"prompts": 10, "max_tokens": 5000},
+                                                           "b": {"prompts": 10}}}))
+    assert remaining_from_run(run) == (5000 - 800) + 6 * 200
+
+
+# --- the Kimi-K2.5 replay -------------------------------------------------------------------------------
+
+
+def test_kimi_replay_reproduces_the_seeds_measurements(tmp_path: Path) -> None:
+    """The untuned and the tuned server of params/tuning.kimi-k25.yaml on the simulator's
+    kimi-k2.5-8xrtx6000 profile, with a shorter window: ~600 tok/s, then 1.5x to 2.3x that."""
+    params = load_tuning_params(PARAMS / "tuning.kimi-k25.yaml", {
+        "server.launcher": "sim", "load.stream": False, "load.duration": 900,
+        "grid.matrix": {}, "grid.baseline": "untuned",
+        "grid.configs": [
+            {"name": "untuned", "args": {"mem_fraction_static": 0.80}},
+            {"name": "tuned", "args": {"mem_fraction_static": 0.88, "kv_cache_dtype": "bf16",
+                                       "enable_hierarchical_cache": True, "hicache_size": 48}}]})
+    run_sweep(params, tmp_path / "out")
+    results = {r.config: r for r in load_results(tmp_path / "out")}
+    untuned, tuned = results["untuned"], results["tuned"]
+    assert untuned.time_scale == 200.0
+    assert 500 <= (untuned.output_throughput or 0) <= 700
+    assert 1.5 <= (tuned.output_throughput or 0) / (untuned.output_throughput or 1) <= 2.3
+    assert (untuned.mean_running or 0) < 40 < (tuned.mean_running or 0) < 150
+    assert (tuned.cache_hit_rate or 0) > (untuned.cache_hit_rate or 0)
+    assert recommend_sweep(tmp_path / "out").best == "tuned"
