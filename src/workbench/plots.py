@@ -392,12 +392,12 @@ def _names(frame: pd.DataFrame, column: str = "dataset") -> list[str]:
     return list(dict.fromkeys(str(v) for v in values))
 
 
-def _colors(frame: pd.DataFrame) -> dict[str, str]:
-    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(_names(frame))}
+def _colors(frame: pd.DataFrame, column: str = "dataset") -> dict[str, str]:
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(_names(frame, column))}
 
 
-def _present(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    return [(str(n), g) for n, g in frame.groupby("dataset", observed=True, sort=True)]
+def _present(frame: pd.DataFrame, column: str = "dataset") -> list[tuple[str, pd.DataFrame]]:
+    return [(str(n), g) for n, g in frame.groupby(column, observed=True, sort=True)]
 
 
 def _empty(title: str, message: str) -> go.Figure:

@@ -10,7 +10,6 @@ configuration keeps its colour in every figure: its position in the sweep's orde
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +18,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.plots import PALETTE, REPORT_CSS, Rendered
+from workbench.plots import REPORT_CSS, Rendered
+from workbench.plots import _colors as _series_colors
+from workbench.plots import _e, _empty
+from workbench.plots import _names as _series_names
+from workbench.plots import _present as _series_groups
 from workbench.tuning import format_hours
 
 __all__ = [
@@ -40,31 +43,16 @@ _BOTTOM_LEGEND: dict[str, Any] = {
 _LATENCIES = (("ttft", "TTFT (ms)", "ms"), ("itl", "ITL (ms)", "ms"), ("e2e", "end-to-end (s)", "s"))
 
 
-def _e(value: object) -> str:
-    return html.escape("" if value is None else str(value))
-
-
 def _names(frame: pd.DataFrame) -> list[str]:
-    values = frame["config"]
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return [str(c) for c in values.cat.categories]
-    return list(dict.fromkeys(str(v) for v in values))
+    return _series_names(frame, "config")
 
 
 def _colors(frame: pd.DataFrame) -> dict[str, str]:
-    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(_names(frame))}
+    return _series_colors(frame, "config")
 
 
 def _groups(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    return [(str(n), g) for n, g in frame.groupby("config", observed=True, sort=True)]
-
-
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure(layout={"title": {"text": title}, "height": 220})
-    fig.add_annotation(text=message, showarrow=False, font={"size": 14, "color": "#616e7c"})
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
+    return _series_groups(frame, "config")
 
 
 def _concurrency_axis(fig: go.Figure, curves: pd.DataFrame, **where: Any) -> None:
