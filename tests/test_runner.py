@@ -12,7 +12,7 @@ import pytest
 
 from workbench.client import SGLangClient
 from workbench.config import Manifest, load_manifest
-from workbench.errors import ResumeMismatch
+from workbench.errors import DataError, ResumeMismatch
 from workbench.records import read_rows, read_sample_ids
 from workbench.runner import GenerateOptions, RunSummary, format_progress_line, run_generation
 from workbench.validate import validate_run
@@ -241,3 +241,18 @@ async def test_stop_lets_in_flight_finish_and_sends_nothing_new(tmp_path: Path) 
     assert summary.interrupted
     assert server.calls == summary.datasets["a"].done < 50
     assert len((tmp_path / "out/a/raw_responses.jsonl").read_text().splitlines()) == server.calls
+
+
+async def test_bad_prompt_file_fails_before_the_server_is_asked(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5, 5]})
+    (tmp_path / "a.jsonl").write_text('{"sample_id": 0, "input_ids": [1]}\n{"sample_id": 1, "input_ids": [\n')
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, json={"model_path": "m"})
+
+    async with SGLangClient("http://mock", transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(DataError, match=r"a\.jsonl:2"):
+            await run_generation(manifest, client, tmp_path / "out", GenerateOptions())
+    assert asked == [] and not (tmp_path / "out").exists()

@@ -130,7 +130,7 @@ def test_a_simulator_started_without_host_listens_on_loopback_only(tmp_path: Pat
 
 
 def test_report_blocks_escape_model_text() -> None:
-    plots = pytest.importorskip("workbench.plots")
+    from workbench import plots
     from workbench.explore import Sample
 
     evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'

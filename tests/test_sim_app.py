@@ -586,7 +586,6 @@ def test_out_of_memory_exits_non_zero() -> None:
 
 @pytest.mark.integration
 def test_behind_sglang_router() -> None:
-    pytest.importorskip("sglang_router")
     sims = [spawn_sim(), spawn_sim()]
     port = free_port()
     argv = [

@@ -251,7 +251,7 @@ def _progress_view() -> _LineView:
 
 
 def _print_summary(summary: RunSummary, out: Path) -> None:
-    from workbench.runner import format_duration
+    from workbench.stats import format_duration
 
     state = "interrupted" if summary.interrupted else "finished"
     print(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; output in {out}")

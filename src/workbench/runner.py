@@ -59,13 +59,13 @@ from workbench.records import (
     iter_blocks,
     repair_torn_tail,
 )
+from workbench.stats import format_duration
 
 __all__ = [
     "DatasetProgress",
     "GenerateOptions",
     "Runner",
     "RunSummary",
-    "format_duration",
     "format_progress_line",
     "preflight",
     "probe_server",
@@ -152,16 +152,6 @@ class RunSummary:
     @property
     def failed(self) -> int:
         return sum(p.failed_ids for p in self.datasets.values())
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
@@ -339,21 +329,24 @@ class Runner:
         return [s for s in specs if s.name in self.options.only]
 
     def prepare(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
-        """`load` then `open`: nothing is written unless every dataset's prompts load."""
-        self.load(server_info, model_info)
+        """`load`, `check_resume` then `open`: nothing is written unless every check passes."""
+        self.load()
+        self.check_resume(server_info, model_info)
         self.open(server_info, model_info)
 
-    def load(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
-        """Check resume compatibility and load every dataset's prompts; writes nothing."""
+    def load(self) -> None:
+        """Load every dataset's prompts (bad input fails here, before any server is asked)."""
         profile = get_profile(self.manifest.model_profile)
-        specs = self.selected_specs()
-        sampling = {s.name: _sampling_for(self.manifest, s, self.options) for s in specs}
-        self._check_resume(_model_name(server_info, model_info), sampling)
         self._loaded = [
-            (spec, sampling[spec.name],
+            (spec, _sampling_for(self.manifest, spec, self.options),
              load_prompts(spec, profile, limit=_limit(spec.max_samples, self.options.max_samples)))
-            for spec in specs
+            for spec in self.selected_specs()
         ]
+
+    def check_resume(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """ResumeMismatch when the run in `out` was made with another model or sampling."""
+        sampling = {spec.name: params for spec, params, _prompts in self._loaded}
+        self._check_resume(_model_name(server_info, model_info), sampling)
 
     def first_prompt(self) -> Prompt | None:
         """The first loaded prompt (for a preflight request), if any."""
@@ -719,14 +712,16 @@ async def run_generation(
     on_progress: Callable[[Runner], None] | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Probe the server, prepare the output directory and run; the one call CLI and notebooks use.
+    """Load the prompts, probe the server, prepare the output directory and run; the one call
+    the CLI and notebooks use.
 
     `on_start` receives the prepared runner (e.g. to install signal handlers calling
     `runner.request_stop`).
     """
-    server_info, model_info = await probe_server(client)
     runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
-    runner.load(server_info, model_info)
+    runner.load()
+    server_info, model_info = await probe_server(client)
+    runner.check_resume(server_info, model_info)
     first = runner.first_prompt()
     if options.preflight and first is not None:
         await preflight(client, first)
