@@ -393,7 +393,7 @@ def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from workbench.tuning import run_sweep_cli
+    from workbench.tune import run_sweep_cli
 
     return run_sweep_cli(args.params, args.out, dry_run=args.dry_run, resume=args.resume,
                          overrides=args.overrides, say=lambda m: print(m, flush=True))

@@ -89,7 +89,7 @@ def _export(out: Path, say: Callable[[str], None]) -> None:
 
 
 def _tune(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.tuning import run_demo_sweep
+    from workbench.tune import run_demo_sweep
 
     say("tuning sweep on the simulator (params/tuning.sim.yaml, shortened) ...")
     report = run_demo_sweep(out / "tuning", out / "reports", say=say)

@@ -1,7 +1,7 @@
 """Figures and report blocks of a tuning sweep, drawn from shaped data.
 
-The frames come from :mod:`workbench.tuning` (`curves_frame`, `configs_frame`,
-`results_frame`) and the recommendation from `tuning.recommend_sweep`; nothing is computed
+The frames come from :mod:`workbench.tune` (`curves_frame`, `configs_frame`,
+`results_frame`) and the recommendation from `tune.recommend_sweep`; nothing is computed
 here. Figures return :class:`plotly.graph_objects.Figure`; blocks return
 :class:`workbench.plots.Rendered` (escaped HTML, plus the data shown under the workbench
 data mimetype so tools and tests can read it back from an executed notebook). A
@@ -18,12 +18,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.plots import REPORT_CSS, Rendered
+from workbench.plots import REPORT_CSS, Rendered, _e, _empty
 from workbench.plots import _colors as _series_colors
-from workbench.plots import _e, _empty
 from workbench.plots import _names as _series_names
 from workbench.plots import _present as _series_groups
-from workbench.tuning import format_hours
+from workbench.tune import format_hours
 
 __all__ = [
     "capacity_figure",
@@ -211,7 +210,7 @@ def _when(ts: float | None) -> str:
 
 
 def sweep_header(overview: Mapping[str, Any], title: str = "Throughput tuning") -> Rendered:
-    """The report's title and the sweep's facts (tuning.sweep_overview); carries REPORT_CSS."""
+    """The report's title and the sweep's facts (tune.sweep_overview); carries REPORT_CSS."""
     rows = [("Sweep", overview.get("name")), ("Directory", overview.get("out")),
             ("Server", overview.get("launcher")), ("Model", overview.get("model")),
             ("Configurations", overview.get("configs")),
@@ -230,7 +229,7 @@ def sweep_header(overview: Mapping[str, Any], title: str = "Throughput tuning") 
 
 def recommendation_view(rec: Any) -> Rendered:
     """A banner with the recommendation and the projection, and one row per configuration
-    at the chosen concurrency (a tuning.Recommendation)."""
+    at the chosen concurrency (a tune.Recommendation)."""
     state = "pass" if rec.best is not None else "fail"
     big = (f"{rec.best}: {rec.projection_text}" if rec.best and rec.remaining_tokens is not None
            else (rec.best or "no configuration within the limits"))

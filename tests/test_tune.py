@@ -20,7 +20,7 @@ import pytest
 
 from workbench.client import SGLangClient
 from workbench.errors import ConfigError, InputError
-from workbench.tuning import (
+from workbench.tune import (
     LatencyLimits,
     LoadParams,
     LoadPrompt,
@@ -91,7 +91,7 @@ def server_pids(out: Path) -> list[int]:
 def sweep_subprocess(params: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
     code = textwrap.dedent(f"""
         import sys
-        from workbench.tuning import run_sweep_cli
+        from workbench.tune import run_sweep_cli
         sys.exit(run_sweep_cli({str(params)!r}, {str(out)!r}, resume={'--resume' in extra},
                                say=lambda m: print(m, flush=True)))
     """)
@@ -243,7 +243,7 @@ def test_no_server_is_left_after_the_sweep(sim_sweep: tuple[Path, SweepSummary])
 
 def test_the_recommendation_and_the_report(sim_sweep: tuple[Path, SweepSummary], tmp_path: Path) -> None:
     from workbench.reports import cell_data
-    from workbench.tuning import tuning_report
+    from workbench.tune import tuning_report
 
     out, _ = sim_sweep
     rec = recommend_sweep(out)

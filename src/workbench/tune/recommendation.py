@@ -1,0 +1,274 @@
+"""The recommendation: the best configuration within the limits at the job's concurrency,
+and the generation job's projected time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError, InputError
+from workbench.tune.measurement import PointResult, _rounded, violations
+from workbench.tune.parameters import LatencyLimits, ProjectionParams
+from workbench.tune.results import load_results, sweep_params
+
+
+def projection(remaining_tokens: float, tok_s: float) -> float:
+    """Hours to generate `remaining_tokens` completion tokens at `tok_s` output tok/s."""
+    if tok_s <= 0:
+        raise ValueError("throughput must be positive")
+    return remaining_tokens / tok_s / 3600.0
+
+
+def format_hours(hours: float | None) -> str:
+    """`57.0 h`; under an hour `12.5 min`, under a minute `40 s`; `-` when unknown."""
+    if hours is None:
+        return "-"
+    if hours >= 1:
+        return f"{hours:,.1f} h"
+    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+
+
+def remaining_from_run(run_dir: str | os.PathLike[str],
+                       mean_completion_tokens: float | None = None) -> int:
+    """Completion tokens a generation run still has to produce, from its stats: a dataset's
+    token budget left, else its records left times its mean completion."""
+    from workbench.stats import collect_stats
+
+    stats = collect_stats(run_dir)
+    total = 0.0
+    for ds in stats.datasets.values():
+        if ds.max_tokens is not None:
+            total += max(0, ds.max_tokens - ds.completion_tokens)
+            continue
+        mean = ds.avg_completion_tokens or mean_completion_tokens
+        if ds.remaining_records and mean is None:
+            raise InputError(f"{run_dir}: {ds.name} has no finished record to take a mean "
+                             "completion length from; set projection.mean_completion_tokens")
+        total += (ds.remaining_records or 0) * (mean or 0)
+    return int(total)
+
+
+def remaining_from_manifest(manifest_path: str | os.PathLike[str],
+                            mean_completion_tokens: float | None = None) -> int:
+    """Completion tokens of a whole job from its manifest: a dataset's `max_tokens`, else its
+    prompts (`max_samples` at most) times `mean_completion_tokens`."""
+    from workbench.config import load_manifest
+
+    manifest = load_manifest(Path(manifest_path))
+    total = 0.0
+    for ds in manifest.datasets:
+        if ds.max_tokens is not None:
+            total += ds.max_tokens
+            continue
+        if mean_completion_tokens is None:
+            raise ConfigError("projection.mean_completion_tokens",
+                              f"needed for dataset {ds.name} (it has no max_tokens)")
+        rows = _count_rows(Path(ds.path))
+        total += min(rows, ds.max_samples or rows) * mean_completion_tokens
+    return int(total)
+
+
+def _count_rows(path: Path) -> int:
+    if path.suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChoice:
+    """One configuration at the chosen concurrency (repeats averaged)."""
+
+    config: str
+    concurrency: int | None
+    status: str
+    output_throughput: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    e2e_p50_s: float | None
+    max_total_num_tokens: int | None
+    mean_running: float | None
+    violations: tuple[str, ...]
+    hours: float | None
+    ratio: float | None
+    reason: str | None = None
+
+    @property
+    def eligible(self) -> bool:
+        return self.status == "ok" and not self.violations and self.output_throughput is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The best configuration, the baseline, and the job's projected time for each."""
+
+    best: str | None
+    baseline: str | None
+    concurrency: int | None
+    remaining_tokens: int | None
+    remaining_source: str
+    rows: tuple[ConfigChoice, ...]
+    note: str | None = None
+
+    def row(self, name: str | None) -> ConfigChoice | None:
+        return next((r for r in self.rows if r.config == name), None)
+
+    @property
+    def best_hours(self) -> float | None:
+        row = self.row(self.best)
+        return row.hours if row else None
+
+    @property
+    def baseline_hours(self) -> float | None:
+        row = self.row(self.baseline)
+        return row.hours if row else None
+
+    @property
+    def projection_text(self) -> str:
+        """`57.0 h -> 18.3 h` (baseline -> best)."""
+        return f"{format_hours(self.baseline_hours)} -> {format_hours(self.best_hours)}"
+
+    @property
+    def text(self) -> str:
+        if self.best is None:
+            return f"no configuration within the limits{f' ({self.note})' if self.note else ''}"
+        best = self.row(self.best)
+        assert best is not None
+        head = (f"recommended: {self.best} at concurrency {self.concurrency}: "
+                f"{best.output_throughput:,.0f} output tok/s")
+        if best.ratio is not None and self.baseline != self.best:
+            head += f" ({best.ratio:.2f}x {self.baseline})"
+        if self.remaining_tokens is None:
+            return head + (f"; no projection: {self.note}" if self.note else "")
+        source = f" ({self.remaining_source})" if self.remaining_source else ""
+        return (f"{head}; job of {self.remaining_tokens:,} completion tokens{source}: "
+                f"{self.projection_text}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "baseline": self.baseline, "concurrency": self.concurrency,
+                "remaining_tokens": self.remaining_tokens, "remaining_source": self.remaining_source,
+                "projection": self.projection_text, "text": self.text, "note": self.note,
+                "rows": [_choice_dict(r) for r in self.rows]}
+
+
+def _choice_dict(row: ConfigChoice) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in ConfigChoice.__slots__} | {
+        "violations": list(row.violations)}
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _choice(config: str, concurrency: int | None, points: Sequence[PointResult],
+            limits: LatencyLimits) -> ConfigChoice:
+    ok = [p for p in points if p.ok]
+    if not ok:
+        reason = points[0].reason if points else "not measured"
+        return ConfigChoice(config, concurrency, "failed", None, None, None, None, None, None,
+                            (), None, None, reason)
+    means: dict[str, Any] = {name: _mean(getattr(p, name) for p in ok) for name in (
+        "output_throughput", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+        "e2e_p50_s", "e2e_p99_s", "mean_running")}
+    merged = PointResult(config=config, concurrency=concurrency or 0,
+                         requests=sum(p.requests for p in ok), errors=sum(p.errors for p in ok),
+                         **means)
+    tokens = ok[0].max_total_num_tokens
+    return ConfigChoice(config, concurrency, "ok", _rounded(merged.output_throughput, 1),
+                        merged.ttft_p99_ms, merged.itl_p50_ms, merged.e2e_p50_s, tokens,
+                        merged.mean_running, tuple(violations(merged, limits)), None, None)
+
+
+def recommend(
+    results: Sequence[PointResult],
+    *,
+    limits: LatencyLimits | None = None,
+    baseline: str | None = None,
+    concurrency: int | None = None,
+    remaining_tokens: int | None = None,
+    remaining_source: str = "",
+    note: str | None = None,
+) -> Recommendation:
+    """The best configuration within `limits` at `concurrency` (default: that of the best
+    point within the limits), with each configuration's projected hours and its ratio to
+    `baseline` (default: the first configuration)."""
+    limits = limits or LatencyLimits()
+    configs = list(dict.fromkeys(r.config for r in results))
+    baseline = baseline or (configs[0] if configs else None)
+    chosen = concurrency if concurrency is not None else _best_concurrency(results, limits)
+    rows = [_choice(c, chosen, [r for r in results if r.config == c and r.concurrency == chosen],
+                    limits) for c in configs]
+    eligible = [r for r in rows if r.eligible]
+    best = max(eligible, key=lambda r: r.output_throughput or 0.0).config if eligible else None
+    base_tok = next((r.output_throughput for r in rows if r.config == baseline), None)
+    rows = [_with_projection(r, remaining_tokens, base_tok) for r in rows]
+    return Recommendation(best, baseline, chosen, remaining_tokens, remaining_source, tuple(rows),
+                          note)
+
+
+def _best_concurrency(results: Sequence[PointResult], limits: LatencyLimits) -> int | None:
+    candidates = [r for r in results if r.ok and r.output_throughput is not None
+                  and not violations(r, limits)]
+    if not candidates:
+        return max((r.concurrency for r in results), default=None)
+    return max(candidates, key=lambda r: r.output_throughput or 0.0).concurrency
+
+
+def _with_projection(row: ConfigChoice, remaining: int | None, base_tok: float | None) -> ConfigChoice:
+    tok = row.output_throughput
+    hours = projection(remaining, tok) if remaining is not None and tok else None
+    ratio = tok / base_tok if tok and base_tok else None
+    return dataclasses.replace(row, hours=hours, ratio=ratio)
+
+
+def remaining_tokens_for(params: ProjectionParams) -> tuple[int | None, str, str | None]:
+    """(remaining tokens, where they come from, why there are none)."""
+    try:
+        if params.remaining_tokens is not None:
+            return params.remaining_tokens, "given", None
+        if params.run_dir is not None:
+            return (remaining_from_run(params.run_dir, params.mean_completion_tokens),
+                    f"left in {params.run_dir}", None)
+        if params.manifest is not None:
+            return (remaining_from_manifest(params.manifest, params.mean_completion_tokens),
+                    f"budgets of {params.manifest}", None)
+    except (InputError, OSError) as exc:
+        return None, "", str(exc)
+    return None, "", "no projection source (projection.remaining_tokens, run_dir or manifest)"
+
+
+def recommend_sweep(out: str | os.PathLike[str],
+                    results: Sequence[PointResult] | None = None) -> Recommendation:
+    """The recommendation for a sweep directory, with its own limits and projection."""
+    params = sweep_params(out)
+    results = load_results(out) if results is None else results
+    remaining, source, note = remaining_tokens_for(params.projection)
+    return recommend(results, limits=params.limits, baseline=params.grid.baseline,
+                     concurrency=params.projection.concurrency, remaining_tokens=remaining,
+                     remaining_source=source, note=note)
+
+
+def format_results_table(results: Sequence[PointResult]) -> str:
+    """The points as a plain-text table."""
+    from workbench.stats import format_table
+
+    headers = ["config", "conc", "status", "tok/s", "req/s", "running", "KV tokens",
+               "peak usage", "TTFT p50 ms", "ITL p50 ms", "e2e p50 s", "hit rate", "errors"]
+    rows = [[r.config, str(r.concurrency), r.status, _fmt(r.output_throughput, ",.0f"),
+             _fmt(r.request_throughput, ".3f"), _fmt(r.mean_running, ".1f"),
+             _fmt(r.max_total_num_tokens, ",.0f"), _fmt(r.peak_token_usage, ".2f"),
+             _fmt(r.ttft_p50_ms, ",.0f"), _fmt(r.itl_p50_ms, ".1f"), _fmt(r.e2e_p50_s, ",.1f"),
+             _fmt(r.cache_hit_rate, ".2f"), str(r.errors)] for r in results]
+    return format_table(headers, rows)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
