@@ -8,11 +8,13 @@ reasoning ids, the think-end id, an answer and the end id, ids spread over the w
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from workbench.profiles import get_profile
@@ -74,25 +76,38 @@ def _output_ids(rng: np.random.Generator, count: int, stopped: bool) -> list[int
     return listed
 
 
-def write_records(path: Path, size_bytes: int, *, seed: int = 0) -> int:
-    """Write records to path until it holds at least size_bytes; return how many."""
+def dumps_line(record: Record) -> bytes:
+    """A record the way most Python writers write one: ``json.dumps`` default separators."""
+    return json.dumps(msgspec.to_builtins(record)).encode() + b"\n"
+
+
+STYLES: dict[str, Callable[[Record], bytes]] = {"compact": encode_line, "dumps": dumps_line}
+
+
+def write_records(path: Path, size_bytes: int, *, seed: int = 0, style: str = "compact") -> int:
+    """Write records to path until it holds at least size_bytes; return how many.
+
+    style: "compact" (the workbench's writer) or "dumps" (``json.dumps`` defaults).
+    """
+    encode = STYLES[style]
     count = 0
     written = 0
     with open(path, "wb", buffering=1 << 20) as file:
         for record in iter_records(seed=seed):
             if written >= size_bytes:
                 break
-            written += file.write(encode_line(record))
+            written += file.write(encode(record))
             count += 1
     return count
 
 
-def records_file(size_mb: float, *, seed: int = 0) -> Path:
+def records_file(size_mb: float, *, seed: int = 0, style: str = "compact") -> Path:
     """A cached file of about size_mb megabytes of records, generated on first use."""
-    path = DATA_DIR / f"raw_responses-{size_mb:g}MB-seed{seed}.jsonl"
+    suffix = "" if style == "compact" else f"-{style}"
+    path = DATA_DIR / f"raw_responses-{size_mb:g}MB-seed{seed}{suffix}.jsonl"
     if not path.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        write_records(partial, int(size_mb * MB), seed=seed)
+        write_records(partial, int(size_mb * MB), seed=seed, style=style)
         os.replace(partial, path)
     return path

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -691,3 +692,64 @@ def test_a_block_reads_like_its_lines_one_by_one(
         expected_problems += problems
     block = parse_lines(b"".join(lines), with_output_ids=with_ids)
     assert block == (expected_rows, expected_problems)
+
+
+# --- the fast path on every formatting -----------------------------------------------------------
+
+
+def _formatted(value: dict[str, Any], style: str) -> bytes:
+    if style == "compact":
+        return json.dumps(value, separators=(",", ":")).encode() + b"\n"
+    if style == "dumps":
+        return json.dumps(value).encode() + b"\n"
+    if style == "reversed keys":
+        return json.dumps(dict(reversed(list(value.items())))).encode() + b"\n"
+    if style == "spaced colon":
+        return json.dumps(value, separators=(" , ", " : ")).encode() + b"\n"
+    assert style == "crlf"
+    return json.dumps(value).encode() + b"\r\n"
+
+
+FLAT_VALUE = json.loads(encode_line(record(7, ids=40)))
+STYLES = ["compact", "dumps", "reversed keys", "spaced colon", "crlf"]
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize(
+    "value",
+    [FLAT_VALUE, {"sample_id": "s1", **META_REPLY}, {"output_ids": [1, 2], **CHAT_COMPLETION}],
+    ids=["flat", "meta_info", "legacy"],
+)
+def test_every_formatting_takes_the_block_path_and_reads_the_same(
+    value: dict[str, Any], style: str
+) -> None:
+    from workbench import records
+
+    data = b"".join(_formatted({**value, "ts": 1.0 + n}, style) for n in range(3))
+    chunk = records._Chunk(data, len(data), 0)
+    emptied = records._without_output_ids(chunk)
+    assert emptied is not None
+    assert len(re.findall(rb'"output_ids" ?: ?\[\]', emptied)) == ("output_ids" in value) * 3
+    assert records._decode_whole(records._ROWS.decoder, chunk) is not None  # no line-by-line
+    expected = parse_lines(b"".join(_formatted({**value, "ts": 1.0 + n}, "compact")
+                                    for n in range(3)))
+    assert parse_lines(data) == expected
+    with_ids = parse_lines(data, with_output_ids=True)[0]
+    assert [row.output_ids for row in with_ids] == [value.get("output_ids")] * 3
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"output_ids" : null, "sample_id": 1, "ts": 2.0}\n',
+        b'{"note": "output_ids", "sample_id": 1, "output_ids": [5, 6], "ts": 2.0}\n',
+        b'{"a \\"output_ids": [9], "sample_id": 1, "output_ids": [5, 6], "ts": 2.0}\n',
+        b'{"meta": {"output_ids": [9, 9]}, "sample_id": 1, "output_ids": [5], "ts": 2.0}\n',
+    ],
+    ids=["null ids", "key text as a value", "escaped quote before the key", "nested key"],
+)
+def test_look_alike_keys_change_no_value(text: bytes) -> None:
+    rows, problems = parse_lines(text)
+    assert problems == [] and [(r.sample_id, r.ts) for r in rows] == [(1, 2.0)]
+    rows, _ = parse_lines(text, with_output_ids=True)
+    assert rows[0].output_ids == json.loads(text).get("output_ids")

@@ -579,11 +579,15 @@ def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any
     """Whole lines decoded by ``decode_lines``, or None unless item i is exactly line i.
 
     ``decode_lines`` reads whitespace-separated values. When every newline but the last sits
-    in ``}\n{`` (which no valid JSON value holds, and no string holds a raw newline), each
-    line holds whole values, at least one; as many items as lines then means one each.
+    in ``}\n{`` or ``}\r\n{`` (which no valid JSON value holds, and no string holds a raw
+    newline), each line holds whole values, at least one; as many items as lines then means
+    one each.
     """
     lines = data.count(b"\n")
-    if data.count(b"}\n{") != lines - 1:
+    joints = data.count(b"}\n{")
+    if joints != lines - 1:
+        joints += data.count(b"}\r\n{")
+    if joints != lines - 1:
         return None
     try:
         items = decoder.decode_lines(data)
@@ -592,30 +596,59 @@ def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any
     return items if len(items) == lines else None
 
 
-_OUTPUT_IDS_KEY = b'"output_ids":['
+_OUTPUT_IDS_KEY = b'"output_ids"'
+_INLINE_SPACE = frozenset(b" \t")
+_COLON, _BRACKET = ord(":"), ord("[")
+
+
+def _array_after_key(data: bytes, position: int, size: int) -> int:
+    """Where the array opened right after a key ending at position starts its items, or -1.
+
+    Accepts any spacing a writer puts around the colon (``"k":[``, ``"k": [``, ``"k" : [``)
+    but no newline; -1 when the key's value is not an array (or the bytes are not a key).
+    """
+    expect = _COLON
+    while position < size:
+        byte = data[position]
+        position += 1
+        if byte in _INLINE_SPACE:
+            continue
+        if byte != expect:
+            return -1
+        if expect == _BRACKET:
+            return position
+        expect = _BRACKET
+    return -1
 
 
 def _without_output_ids(chunk: _Chunk) -> bytes | None:
-    """The chunk's lines with every compact ``"output_ids":[...]`` array emptied, or None.
+    """The chunk's lines with every ``"output_ids": [...]`` array emptied, or None.
 
     Parsing the digits of the token ids is most of a scan's cost; finding the closing bracket
-    with a byte search is not. The key pattern cannot occur inside a JSON string. An array
-    holding a newline or a string (as when a torn line has the next record appended to it)
-    gives None; a nested array leaves bytes that fail to decode. Either way the chunk is then
-    decoded line by line from its original bytes. Nothing else inside an emptied array is
-    checked: a line with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
+    with a byte search is not. Any formatting works (compact, ``json.dumps`` defaults, any key
+    order, every layout). A match of the quoted key always ends at a real closing quote (a
+    quote inside a string is escaped), so the colon and bracket after it are JSON structure:
+    emptying an array of an unread field (a nested ``output_ids``) changes no value read. An
+    array holding a newline or a string (as when a torn line has the next record appended to
+    it) gives None; a nested array leaves bytes that fail to decode. Either way the chunk is
+    then decoded line by line from its original bytes. Nothing else inside an emptied array
+    is checked: a line with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
     """
     data, size = chunk.data, chunk.size
     view = memoryview(data)
     pieces: list[memoryview] = []
     position = 0
-    while (start := data.find(_OUTPUT_IDS_KEY, position, size)) >= 0:
-        start += len(_OUTPUT_IDS_KEY)
+    search = 0
+    while (key := data.find(_OUTPUT_IDS_KEY, search, size)) >= 0:
+        search = key + len(_OUTPUT_IDS_KEY)
+        start = _array_after_key(data, search, size)
+        if start < 0:
+            continue
         end = data.find(b"]", start, size)
         if end < 0 or data.find(b"\n", start, end) >= 0 or data.find(b'"', start, end) >= 0:
             return None
         pieces.append(view[position:start])
-        position = end
+        position = search = end
     pieces.append(view[position:size])
     return b"".join(pieces)
 
