@@ -243,7 +243,7 @@ def test_unknown_or_mistyped_parameters_name_key_and_file(tmp_path: Path) -> Non
         load_parameters(notebook, None, {"colour": "red"})
     with pytest.raises(ConfigError, match=r"^-p: log_axis: expected `bool`, got `str`"):
         load_parameters(notebook, None, parse_overrides(["log_axis=maybe"]))
-    with pytest.raises(ConfigError, match="no report notebook 'nope'"):
+    with pytest.raises(ConfigError, match=r"no report named 'nope' \(known: explore, format_validation"):
         run_report("nope", None, {}, tmp_path)
 
 
@@ -263,9 +263,12 @@ def test_parameters_files_overrides_and_paths(tmp_path: Path, monkeypatch: pytes
 
 
 @pytest.mark.parametrize("name", REPORTS)
-def test_demo_parameter_files_fit_their_notebooks(name: str) -> None:
+def test_demo_parameter_files_fit_their_notebooks(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # their outputs/ is the current folder's: where `workbench demo` writes
     values = load_parameters(NOTEBOOKS / f"{name}.ipynb", ROOT / "params" / f"{name}.demo.yaml")
-    assert values["run_dir"] == str(ROOT / "outputs" / "demo")
+    assert values["run_dir"] == str(tmp_path.resolve() / "outputs" / "demo")
 
 
 @pytest.mark.parametrize("name", REPORTS)

@@ -351,26 +351,38 @@ def _cmd_export(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="execute a report notebook into an HTML report",
-                       description="Execute notebooks/NAME.ipynb with papermill and export it to "
-                                   "HTML (code hidden, plotly.js inlined: opens offline).")
-    p.add_argument("name", metavar="NAME", help="token_distribution, format_validation or explore")
-    p.add_argument("--params", required=True, type=Path, help="parameter file (YAML)")
+                       description="Execute the report notebook NAME with papermill and export it "
+                                   "to HTML (code hidden, plotly.js inlined: opens offline).")
+    p.add_argument("name", metavar="NAME",
+                   help="token_distribution, format_validation, throughput_tuning or explore "
+                        "(./notebooks/NAME.ipynb when it exists, else the packaged one)")
+    p.add_argument("--params", type=Path,
+                   help="parameter file (YAML; default ./params/NAME.yaml when it exists, else "
+                        "the packaged demo parameters of NAME)")
     p.add_argument("-p", "--param", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override one parameter (a YAML scalar); repeatable")
     p.add_argument("--out", type=Path, default=Path("outputs/reports"),
-                   help="folder for NAME-<timestamp>/ (outputs/reports)")
+                   help="folder for NAME-<timestamp>/ and the NAME-latest link (outputs/reports)")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from workbench.errors import ReportError
-    from workbench.reports import parse_overrides, run_report
+    from workbench.errors import InputError, ReportError
+    from workbench.reports import default_params, parse_overrides, run_report
 
+    params = args.params if args.params is not None else default_params(Path(args.name).stem)
+    if args.params is None and params is not None:
+        print(f"parameters: {params}", file=sys.stderr, flush=True)
+    overrides = parse_overrides(args.overrides)
     try:
-        result = run_report(args.name, args.params, parse_overrides(args.overrides), args.out)
+        result = run_report(args.name, params, overrides, args.out)
     except ReportError as exc:
         _err(str(exc))
         return 1
+    except InputError as exc:
+        if args.params is None and "not a run directory" in str(exc) and "run_dir" not in overrides:
+            raise InputError(f"{exc} (run `workbench demo` first, or pass -p run_dir=OUT)") from None
+        raise
     print(f"executed notebook: {result.notebook_path}")
     print(result.html_path)
     return 0
@@ -399,22 +411,43 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                          overrides=args.overrides, say=lambda m: print(m, flush=True))
 
 
-# --------------------------------------------------------------------------- demo
+# --------------------------------------------------------------------------- init, demo
+def _add_init(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("init", help="a job folder: parameter files and report notebooks",
+                       description="Write a job folder for your own work: commented parameter files "
+                                   "(datasets, tuning sweep, router, reports), the report notebooks "
+                                   "and a README with the commands. Nothing is overwritten.")
+    p.add_argument("dir", type=Path, metavar="DIR", help="the job folder (created when missing)")
+    p.set_defaults(func=_cmd_init)
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from workbench.jobfolder import init_job_folder
+
+    written = init_job_folder(args.dir)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: cd {args.dir} and edit params/datasets.yaml (README.md has the commands)")
+    return 0
+
+
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on the simulator",
                        description="Start the simulator, generate the example datasets, report.")
     p.add_argument("--out", type=Path, default=Path("outputs/demo"), help="output directory")
-    p.add_argument("--datasets", type=Path, default=Path("params/datasets.demo.yaml"),
-                   help="dataset manifest (params/datasets.demo.yaml)")
+    p.add_argument("--datasets", type=Path,
+                   help="dataset manifest (default: the packaged params/datasets.demo.yaml)")
     p.add_argument("--no-resume", action="store_true", help="start the demo run over")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.demo import run_demo
+    from workbench.resources import data_dir
 
     _check_out_dir(args.out)
-    summary = run_demo(args.out, datasets=args.datasets, resume=not args.no_resume,
+    datasets = args.datasets if args.datasets is not None else data_dir("params") / "datasets.demo.yaml"
+    summary = run_demo(args.out, datasets=datasets, resume=not args.no_resume,
                        generate=generate_with_progress, say=lambda m: print(m, flush=True))
     return 130 if summary.interrupted else 0
 
@@ -430,7 +463,7 @@ def _server_message(exc: Exception) -> str:
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report, _add_tune,
-    _add_demo,
+    _add_init, _add_demo,
 )
 
 

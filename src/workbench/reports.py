@@ -2,7 +2,8 @@
 
 ``run_report(name, params_file, overrides, out_dir)`` executes ``notebooks/NAME.ipynb`` and
 writes ``OUT_DIR/NAME-<YYYYmmdd-HHMMSS>/NAME.ipynb`` (the executed notebook) and
-``NAME.html`` (code hidden, plotly.js inlined once, so it opens without a network).
+``NAME.html`` (code hidden, plotly.js inlined once, so it opens without a network);
+``OUT_DIR/NAME-latest`` links to the newest finished one.
 
 Parameters. A notebook declares its parameters in the cell tagged ``parameters``, one plain
 literal each (``name = literal`` or ``name: type = literal``). A parameter file is a YAML
@@ -42,6 +43,7 @@ import yaml
 
 from workbench.config import load_yaml_params
 from workbench.errors import ConfigError, ReportError
+from workbench.resources import data_dir, data_root, report_names
 
 __all__ = [
     "DATA_MIME",
@@ -50,8 +52,10 @@ __all__ = [
     "REPORTS",
     "ReportResult",
     "cell_data",
+    "default_params",
     "demo_reports",
     "export_html",
+    "link_latest",
     "load_parameters",
     "notebook_parameters",
     "notebooks_dir",
@@ -100,17 +104,40 @@ class ReportResult:
 
 
 def notebooks_dir() -> Path:
-    """The notebooks folder: ./notebooks when it exists, else the source checkout's."""
-    here = Path.cwd() / "notebooks"
-    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "notebooks"
+    """The report notebooks the package carries (see :mod:`workbench.resources`)."""
+    return data_dir("notebooks")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.endswith(".ipynb") or "/" in name or os.sep in name
 
 
 def _notebook_path(name: str, folder: Path | None) -> Path:
-    path = (folder or notebooks_dir()) / f"{name}.ipynb"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.ipynb"))) or "none"
-        raise ConfigError("NAME", f"no report notebook {name!r} in {path.parent} (known: {known})")
-    return path
+    """NAME's notebook: in `folder` when given, else ./notebooks/NAME.ipynb (a job folder made
+    by `workbench init`) when it exists, else the packaged one. A path to a notebook file is
+    taken as it is."""
+    if _looks_like_path(name):
+        path = Path(name).expanduser()
+        if path.is_file() and path.suffix == ".ipynb":
+            return path
+        raise ConfigError("NAME", f"{name}: no such notebook file "
+                                  f"(or give a report name: {', '.join(report_names())})")
+    candidates = [folder] if folder is not None else [Path("notebooks"), notebooks_dir()]
+    for candidate in candidates:
+        if (candidate / f"{name}.ipynb").is_file():
+            return candidate / f"{name}.ipynb"
+    known = sorted({p.stem for c in candidates for p in c.glob("*.ipynb")}) or ["none"]
+    raise ConfigError("NAME", f"no report named {name!r} (known: {', '.join(known)})")
+
+
+def default_params(name: str) -> Path | None:
+    """The parameter file `workbench report NAME` uses without --params: ./params/NAME.yaml
+    (a job folder's) when it exists, else the packaged params/NAME.demo.yaml, else None."""
+    local = Path("params") / f"{name}.yaml"
+    if local.is_file():
+        return local
+    packaged = data_dir("params") / f"{name}.demo.yaml"
+    return packaged if packaged.is_file() else None
 
 
 def _parameters_source(notebook: Path) -> str:
@@ -223,8 +250,18 @@ def _resolved(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
     out = dict(values)
     for key in PATH_PARAMETERS:
         if isinstance(out.get(key), str) and out[key]:
-            out[key] = str((base / Path(out[key]).expanduser()).resolve())
+            out[key] = str(_rebased((base / Path(out[key]).expanduser()).resolve()))
     return out
+
+
+def _rebased(path: Path) -> Path:
+    """A path into the packaged folder's ``outputs/`` (which the package does not carry:
+    the demo parameter files point there) as the same path under the current folder, where
+    `workbench demo` writes. Any other path is returned as it is."""
+    root = data_root().resolve()
+    if path.is_relative_to(root / "outputs"):
+        return Path.cwd().resolve() / path.relative_to(root)
+    return path
 
 
 def load_parameters(
@@ -290,6 +327,20 @@ def _report_folder(out_dir: Path, name: str, now: float) -> Path:
         except FileExistsError:
             continue
     raise ReportError(f"{out_dir}: cannot create a report folder for {name}")
+
+
+def link_latest(folder: Path, name: str) -> Path | None:
+    """Point ``<name>-latest`` next to a finished report folder at it (a relative symlink,
+    replaced atomically); None where symlinks cannot be made."""
+    link = folder.parent / f"{name}-latest"
+    temporary = folder.parent / f".{name}-latest.{uuid.uuid4().hex[:8]}"
+    try:
+        temporary.symlink_to(folder.name, target_is_directory=True)
+        os.replace(temporary, link)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        return None
+    return link
 
 
 def _source_index(executed: Path, cell_index: int) -> int:
@@ -371,6 +422,7 @@ def run_report(
     _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
     title = name.replace("_", " ").capitalize()
     html_path = export_html(executed, folder / f"{name}.html", title)
+    link_latest(folder, name)
     return ReportResult(name, html_path.resolve(), executed.resolve(), parameters)
 
 
@@ -379,9 +431,10 @@ def demo_reports(
 ) -> list[ReportResult]:
     """The reports `workbench demo` writes after generating: DEMO_REPORTS with their
     ``params/NAME.demo.yaml`` files, ``run_dir`` set to the demo's run."""
-    params = notebooks_dir().parent / "params"
+    params = data_dir("params")
     run = {"run_dir": str(Path(run_dir).resolve())}
-    return [run_report(name, params / f"{name}.demo.yaml", run, out_dir) for name in DEMO_REPORTS]
+    return [run_report(name, params / f"{name}.demo.yaml", run, out_dir, notebooks=notebooks_dir())
+            for name in DEMO_REPORTS]
 
 
 # --- reading results back --------------------------------------------------------------------

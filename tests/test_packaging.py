@@ -1,0 +1,93 @@
+"""What the package carries and how a user's own folder uses it: packaged notebooks and
+parameter files, `workbench report` defaults, `workbench init` job folders, `latest` links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, workbench
+
+from workbench.jobfolder import init_job_folder
+from workbench.reports import (
+    REPORTS,
+    default_params,
+    link_latest,
+    load_parameters,
+    notebooks_dir,
+)
+from workbench.resources import data_dir, data_file, report_names
+
+
+def test_carried_folders_hold_the_repositorys_files() -> None:
+    for kind in ("notebooks", "params", "examples"):
+        carried = sorted(p.relative_to(data_dir(kind)) for p in data_dir(kind).rglob("*") if p.is_file())
+        in_repo = sorted(p.relative_to(ROOT / kind) for p in (ROOT / kind).rglob("*") if p.is_file())
+        assert carried == in_repo
+    assert set(REPORTS) <= set(report_names())
+    with pytest.raises(Exception, match=r"params/nope.yaml: not among the packaged files \(known: "):
+        data_file("params", "nope.yaml")
+
+
+def test_report_defaults_to_the_packaged_demo_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert default_params("token_distribution") == data_dir("params") / "token_distribution.demo.yaml"
+    assert default_params("nope") is None
+    values = load_parameters(notebooks_dir() / "format_validation.ipynb", default_params("format_validation"))
+    assert values["run_dir"] == str(tmp_path.resolve() / "outputs" / "demo")  # not inside the package
+    assert values["tokenizer"] == str((data_dir("examples") / "tokenizer").resolve())
+
+
+def test_report_mistakes_are_one_line_with_a_hint(tmp_path: Path) -> None:
+    wrong = workbench("report", "tokens", cwd=tmp_path)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines()[-1] == (
+        "workbench: error: NAME: no report named 'tokens' "
+        "(known: explore, format_validation, throughput_tuning, token_distribution)")
+    as_path = workbench("report", "notebooks/token_distribution.ipynb", cwd=tmp_path)
+    assert as_path.returncode == 2
+    assert "no such notebook file (or give a report name: explore," in as_path.stderr
+    no_run = workbench("report", "token_distribution", cwd=tmp_path)
+    assert no_run.returncode == 2
+    assert no_run.stderr.splitlines()[-1].endswith(
+        "not a run directory (no such directory) (run `workbench demo` first, or pass -p run_dir=OUT)")
+    given = workbench("report", "token_distribution", "-p", f"run_dir={tmp_path / 'none'}", cwd=tmp_path)
+    assert given.returncode == 2
+    assert given.stderr.splitlines()[-1] == f"workbench: error: {tmp_path / 'none'}: not a run directory (no such directory)"
+
+
+def test_init_writes_a_job_folder_that_the_verbs_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written = init_job_folder(tmp_path / "job")
+    names = {str(p.relative_to(tmp_path / "job")) for p in written}
+    assert {"README.md", "params/datasets.yaml", "params/tuning.yaml", "params/router.yaml",
+            "notebooks/token_distribution.ipynb"} <= names
+    job = tmp_path / "job"
+    text = (job / "params" / "datasets.yaml").read_text()
+    assert text.count("#") > 10 and "kimi-k25" not in text  # commented, renamed to the job's files
+    assert yaml.safe_load(text)["model_profile"] == "kimi-k2.5"
+    dry = workbench("tune", "--params", str(job / "params" / "tuning.yaml"), "--dry-run")
+    assert dry.returncode == 0 and "sglang.launch_server" in dry.stdout
+    monkeypatch.chdir(job)
+    for name in REPORTS:
+        assert default_params(name) == Path("params") / f"{name}.yaml"
+        values = load_parameters(Path("notebooks") / f"{name}.ipynb", default_params(name))
+        assert values.get("run_dir") in (None, str(job.resolve() / "outputs" / "job"))
+    before = (job / "params" / "datasets.yaml").read_text()
+    again = workbench("init", str(job))
+    assert again.returncode == 2 and "nothing written" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert (job / "params" / "datasets.yaml").read_text() == before
+
+
+def test_latest_link_follows_the_newest_report(tmp_path: Path) -> None:
+    first, second = tmp_path / "td-20260101-000000", tmp_path / "td-20260101-000100"
+    first.mkdir()
+    second.mkdir()
+    link = link_latest(first, "td")
+    assert link == tmp_path / "td-latest" and link.resolve() == first.resolve()
+    link_latest(second, "td")
+    assert (tmp_path / "td-latest").resolve() == second.resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["td-20260101-000000", "td-20260101-000100", "td-latest"]
