@@ -435,7 +435,7 @@ CASES: list[Any] = [
     pytest.param(_report_case("run_dir: {run}\nbins: many\n", None, "bins", "expected int"),
                  id="report-params-wrong-type"),
     pytest.param(_report_case("- run_dir\n", None, "expected a mapping"), id="report-params-wrong-yaml-type"),
-    pytest.param(_report_case("run_dir: {run}\n", "../../etc/passwd", "NAME", "no report notebook"),
+    pytest.param(_report_case("run_dir: {run}\n", "../../etc/passwd", "NAME", "no such notebook file"),
                  id="report-name-traversal"),
     pytest.param(_report_case("run_dir: {run}\n", "token_distribution", "-p", "bins", extra=("-p", "bins=x")),
                  id="report-override-wrong-type"),
