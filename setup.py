@@ -9,6 +9,6 @@ DATA = {"notebooks": ["*.ipynb"], "params": ["*.yaml"], "examples": ["**/*"]}
 setup(
     package_dir={"": "src", **{f"workbench._data.{name}": name for name in DATA}},
     packages=find_packages("src") + [f"workbench._data.{name}" for name in DATA],
-    package_data={"workbench": ["py.typed"], **{f"workbench._data.{n}": g for n, g in DATA.items()}},
+    package_data={"workbench": ["py.typed", "sim/corpus.json"], **{f"workbench._data.{n}": g for n, g in DATA.items()}},
     exclude_package_data={"": [".ipynb_checkpoints/*", "*.pyc"]},
 )

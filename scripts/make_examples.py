@@ -3,21 +3,25 @@
 
     python scripts/make_examples.py [--out examples]
 
-Output (deterministic: a fixed seed, no download; a rerun writes the same bytes):
+Input: `examples/text/alice_chapter_1.txt`, the opening of chapter I of Lewis Carroll's
+"Alice's Adventures in Wonderland" (1865, public domain). Output (deterministic: a fixed seed,
+no download; a rerun writes the same bytes):
 
     tokenizer/tokenizer.json         WordLevel model, lowercase normaliser, whitespace split
-    tokenizer/tokenizer_config.json  special tokens, Kimi-like chat template (`thinking` arg)
+    tokenizer/tokenizer_config.json  special tokens, Kimi-K2.5-like chat template (`thinking`)
     data/glaive_fc.jsonl             function calling: system prompt with JSON tool schemas
     data/code_instruct.jsonl         code instructions, a few with long code listings
     data/pretokenized.jsonl          {sample_id, input_ids} rendered with the chat template
     data/texts.jsonl                 {sample_id, text} for the `text` input mode
+    src/workbench/sim/corpus.json    the simulator's replies: the vocabulary and the text's ids
 
-The vocabulary: ids 0-99 punctuation, then a few hundred English and code words, then "w<id>"
-up to id 7999, and the special tokens at Kimi-K2.5's own ids (<think> 163606, </think> 163607,
-<|im_end|> 163586, [EOS] 163585, ...). The simulator draws ordinary output ids from 100-7999,
-so decoded outputs read as words. Every text is built from these words and checked to encode
-without [UNK]. The pretokenized file goes through the workbench's own tokenizer loader, so the
-script needs the `tokenizers` extra (transformers).
+The vocabulary is real words only: the punctuation pre-tokens, then the words of the text,
+then the prompt words below (ids in that order, from 0), and the special tokens at Kimi-K2.5's
+own ids (<think> 163606, </think> 163607, <|im_end|> 163586, [EOS] 163585, ...). The simulator
+writes its replies as runs of the text's sentences, so decoded outputs read as the book. Every
+prompt text is built from these words and checked to encode without [UNK]. The pretokenized
+file goes through the workbench's own tokenizer loader, so the script needs the `tokenizers`
+extra (transformers).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from typing import Any, NamedTuple
 from workbench.prompts import encode_messages, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
+TEXT = ROOT / "examples" / "text" / "alice_chapter_1.txt"
+TEXT_SOURCE = "Lewis Carroll, Alice's Adventures in Wonderland (1865), chapter I; public domain"
+SIM_DIR = ROOT / "src" / "workbench" / "sim"
 SEED = 20250101
-CONTENT_VOCAB = 8000  # ids 0..7999 are ordinary tokens
-PUNCT_IDS = 100  # ids 0..99 are kept for punctuation (the simulator never draws them)
+PRE_TOKEN = re.compile(r"\w+|[^\w\s]+")  # the Whitespace pre-tokeniser's split
 UNK = "[UNK]"
 Messages = list[dict[str, str]]
 
@@ -62,27 +68,77 @@ SPECIAL_TOKENS: dict[str, int] = {
     "[PAD]": 163839,
 }
 
-# Kimi-like turns: role marker, role name, <|im_middle|>, content, <|im_end|>. The generation
-# prompt opens the reasoning block (<think>) unless `thinking` is false, as Kimi-K2.5's does.
+# Kimi-K2.5's chat template, reduced to text (its published chat_template.jinja; images and
+# the TypeScript-style tool declaration left out). Turns are role marker, role name,
+# <|im_middle|>, content, <|im_end|>; a default system prompt comes first when the messages do
+# not start with one. Assistant turns up to the last one without tool calls are history: they
+# render an empty <think></think> and their `content`, never `reasoning_content`; only later
+# ones carry `<think>{reasoning_content}</think>` (unless `thinking` is false). The generation
+# prompt opens the reasoning block (<think>) unless `thinking` is false (<think></think>).
 CHAT_TEMPLATE = (
+    "{%- macro set_roles(message) -%}"
+    "{%- set role_name = message.get('name') or message['role'] -%}"
+    "{%- if message['role'] == 'user' -%}<|im_user|>{{ role_name }}<|im_middle|>"
+    "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>{{ role_name }}<|im_middle|>"
+    "{%- else -%}<|im_system|>{{ role_name }}<|im_middle|>"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro render_toolcalls(message) -%}"
+    "<|tool_calls_section_begin|>"
+    "{%- for tool_call in message['tool_calls'] -%}"
+    "<|tool_call_begin|>{{ tool_call['id'] }}<|tool_call_argument_begin|>"
+    "{%- if tool_call['function']['arguments'] is string -%}"
+    "{{ tool_call['function']['arguments'] }}"
+    "{%- else -%}{{ tool_call['function']['arguments'] | tojson }}{%- endif -%}"
+    "<|tool_call_end|>"
+    "{%- endfor -%}"
+    "<|tool_calls_section_end|>"
+    "{%- endmacro -%}"
+    "{%- set ns = namespace(last_non_tool_call_assistant_msg=-1) -%}"
+    "{%- for idx in range(messages | length - 1, -1, -1) -%}"
+    "{%- if ns.last_non_tool_call_assistant_msg == -1 and messages[idx]['role'] == 'assistant'"
+    " and not messages[idx].get('tool_calls') -%}"
+    "{%- set ns.last_non_tool_call_assistant_msg = idx -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg + 1] -%}"
+    "{%- set suffix_msgs = messages[ns.last_non_tool_call_assistant_msg + 1:] -%}"
     "{%- if tools -%}"
     "<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>"
     "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
+    "{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}"
     "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
     "<|im_end|>"
     "{%- endif -%}"
-    "{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>"
-    "{%- elif message['role'] == 'user' -%}<|im_user|>user<|im_middle|>"
-    "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>"
-    "{%- else -%}<|im_system|>{{ message['role'] }}<|im_middle|>"
+    "{%- for message in hist_msgs -%}"
+    "{{ set_roles(message) }}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "<think></think>{{ message['content'] or '' }}"
+    "{%- if message.get('tool_calls') -%}{{ render_toolcalls(message) }}{%- endif -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "## Return of {{ message['tool_call_id'] }}\n{{ message['content'] }}"
+    "{%- else -%}{{ message['content'] or '' }}"
     "{%- endif -%}"
-    "{{ message['content'] }}<|im_end|>"
+    "<|im_end|>"
+    "{%- endfor -%}"
+    "{%- for message in suffix_msgs -%}"
+    "{{ set_roles(message) }}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- if thinking is defined and thinking is false -%}"
+    "<think></think>{{ message['content'] or '' }}"
+    "{%- else -%}"
+    "<think>{{ message.get('reasoning_content') or '' }}</think>{{ message['content'] or '' }}"
+    "{%- endif -%}"
+    "{%- if message.get('tool_calls') -%}{{ render_toolcalls(message) }}{%- endif -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "## Return of {{ message['tool_call_id'] }}\n{{ message['content'] }}"
+    "{%- else -%}{{ message['content'] or '' }}"
+    "{%- endif -%}"
+    "<|im_end|>"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "<|im_assistant|>assistant<|im_middle|>"
-    "{%- if thinking is defined and not thinking -%}<think></think>"
+    "{%- if thinking is defined and thinking is false -%}<think></think>"
     "{%- else -%}<think>"
     "{%- endif -%}"
     "{%- endif -%}"
@@ -169,15 +225,28 @@ NUMBERS = [str(n) for n in range(101)] + [
 # ----------------------------------------------------------------------------- tokenizer
 
 
-def build_vocab() -> dict[str, int]:
-    """token -> id: punctuation, words, "w<id>" fillers up to CONTENT_VOCAB, special tokens."""
-    words = list(dict.fromkeys(WORDS.split() + NUMBERS))
-    tokens = PUNCTUATION + [f"w{i}" for i in range(len(PUNCTUATION), PUNCT_IDS)] + words
-    tokens += [f"w{i}" for i in range(len(tokens), CONTENT_VOCAB)]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    if len(PUNCTUATION) > PUNCT_IDS or len(vocab) != CONTENT_VOCAB:
-        raise SystemExit("the vocabulary overflows its id ranges or repeats a token")
-    return vocab | SPECIAL_TOKENS
+def pre_tokens(text: str) -> list[str]:
+    """`text` split as the tokenizer splits it (lowercased, words and punctuation runs)."""
+    return PRE_TOKEN.findall(text.lower())
+
+
+def build_vocab(text: str) -> dict[str, int]:
+    """token -> id: punctuation, the text's words, the prompt words, then special tokens."""
+    pieces = pre_tokens(text)
+    punctuation = PUNCTUATION + [p for p in pieces if not p[0].isalnum() and p[0] != "_"]
+    words = [p for p in pieces if p[0].isalnum() or p[0] == "_"] + WORDS.split() + NUMBERS
+    tokens = list(dict.fromkeys(punctuation + words))
+    return {token: i for i, token in enumerate(tokens)} | SPECIAL_TOKENS
+
+
+def sim_corpus(text: str, vocab: dict[str, int]) -> dict[str, Any]:
+    """What the simulator writes replies from: its vocabulary and the text as ids."""
+    tokens = [token for token, i in sorted(vocab.items(), key=lambda item: item[1])]
+    return {
+        "source": TEXT_SOURCE,
+        "tokens": tokens[: len(vocab) - len(SPECIAL_TOKENS)],
+        "text_ids": [vocab[piece] for piece in pre_tokens(text)],
+    }
 
 
 def tokenizer_json(vocab: dict[str, int]) -> dict[str, Any]:
@@ -215,7 +284,7 @@ def tokenizer_config() -> dict[str, Any]:
 
 def unknown_words(texts: Iterable[str], vocab: dict[str, int]) -> set[str]:
     """Pre-tokens of `texts` outside the vocabulary (they would encode as [UNK])."""
-    pieces = {p for text in texts for p in re.findall(r"\w+|[^\w\s]+", text.lower())}
+    pieces = {p for text in texts for p in pre_tokens(text)}
     return pieces - vocab.keys()
 
 
@@ -546,12 +615,14 @@ def jsonl_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(row, ensure_ascii=False).encode() + b"\n" for row in rows)
 
 
-def make_examples(out: Path) -> list[Path]:
-    """Write the tokenizer and the data files under `out`; returns the files written."""
-    vocab = build_vocab()
+def make_examples(out: Path, sim_dir: Path = SIM_DIR) -> list[Path]:
+    """Write the tokenizer and data files under `out` and the simulator's corpus in `sim_dir`."""
+    text = TEXT.read_text(encoding="utf-8")
+    vocab = build_vocab(text)
     files = [
         write(out / "tokenizer" / "tokenizer.json", json_bytes(tokenizer_json(vocab))),
         write(out / "tokenizer" / "tokenizer_config.json", json_bytes(tokenizer_config())),
+        write(sim_dir / "corpus.json", json.dumps(sim_corpus(text, vocab)).encode() + b"\n"),
     ]
     data = build_rows(Words(random.Random(SEED)))
     missing = unknown_words((t for rows in data.values() for t in row_texts(rows)), vocab)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -398,10 +399,14 @@ def test_make_examples_reproduces_the_committed_files(tmp_path: Path) -> None:
     assert module_spec and module_spec.loader
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    written = module.make_examples(tmp_path)
-    assert len(written) == 6
+    sim_dir = tmp_path / "sim"
+    written = module.make_examples(tmp_path, sim_dir)
+    assert len(written) == 7
     for path in written:
-        committed = EXAMPLES / path.relative_to(tmp_path)
+        if path.parent == sim_dir:
+            committed = REPO / "src" / "workbench" / "sim" / path.name
+        else:
+            committed = EXAMPLES / path.relative_to(tmp_path)
         assert path.read_bytes() == committed.read_bytes(), (
             f"{committed} is out of date: rerun the script"
         )
@@ -415,3 +420,19 @@ def test_examples_load_in_their_modes() -> None:
     assert all(p.input_ids and p.input_ids[-1] == THINK for p in pretok)
     texts = load_prompts(spec(data / "texts.jsonl", "text"), KIMI)
     assert len(texts) == 50
+
+
+def test_simulated_replies_decode_to_words_of_the_shipped_text() -> None:
+    from workbench.sim.outputs import plan_output, render_text
+    from workbench.sim.profiles import get_sim_profile
+
+    tokenizer = load_tokenizer(TOKENIZER)
+    book = (EXAMPLES / "text" / "alice_chapter_1.txt").read_text(encoding="utf-8").lower()
+    words = set(re.findall(r"\w+|[^\w\s]+", book))
+    shape = get_sim_profile("fast").output
+    for seed in range(10):
+        ids = plan_output(KIMI, shape, seed, 3000).output_ids
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        assert text == render_text(ids, KIMI)
+        plain = tokenizer.decode(ids, skip_special_tokens=True).split()
+        assert plain and set(plain) <= words

@@ -23,6 +23,7 @@ from workbench.errors import ConfigError
 from workbench.sim import SimConfig, add_sim_arguments, config_from_args, create_app
 from workbench.sim.faults import FaultPlan
 from workbench.sim.profiles import OutOfMemory
+from workbench.sim.outputs import corpus
 
 KIMI_END = 163586
 KIMI_THINK_END = 163607
@@ -74,7 +75,7 @@ async def test_generate_with_input_ids(client: httpx.AsyncClient) -> None:
     if meta["finish_reason"]["type"] == "stop":
         assert meta["finish_reason"]["matched"] == KIMI_END == reply["output_ids"][-1]
         assert reply["output_ids"].count(KIMI_THINK_END) == 1
-    assert reply["text"].split(" ")[0] == f"w{reply['output_ids'][0]}"
+    assert reply["text"].split(" ")[0] == corpus().tokens[reply["output_ids"][0]]
 
 
 @pytest.mark.anyio

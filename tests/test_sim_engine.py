@@ -14,6 +14,7 @@ from workbench.profiles import get_profile
 from workbench.sim.cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from workbench.sim.engine import POOL_FULL_MESSAGE, Engine, EngineLoop, Request, Step
 from workbench.sim.outputs import (
+    corpus,
     fixed_output,
     output_seed,
     plan_output,
@@ -477,12 +478,26 @@ def test_profiles_without_reasoning_in_the_template_open_it() -> None:
 
 
 def test_text_rendering_round_trips() -> None:
-    ids = [105, THINK_END, 106, IM_END]
+    words = tokenize_text("Alice was beginning", KIMI)
+    ids = [*words, THINK_END, words[0], IM_END]
     text = render_text(ids, KIMI)
-    assert text == "w105 </think> w106 <|im_end|>"
+    assert text == "alice was beginning </think> alice <|im_end|>"
     assert tokenize_text(text, KIMI) == ids
-    hashed = tokenize_text("hello world", KIMI)
-    assert len(hashed) == 2 and hashed == tokenize_text("hello  world\n", KIMI)
+    hashed = tokenize_text("zyzzyva quux", KIMI)
+    assert len(hashed) == 2 and hashed == tokenize_text("Zyzzyva  quux\n", KIMI)
+
+
+def test_replies_are_runs_of_the_example_text() -> None:
+    text = corpus()
+    assert KIMI.sim_content_ids == (0, len(text.tokens))
+    book = " ".join(text.tokens[token] for token in text.ids + text.ids)
+    for seed in range(20):
+        ids = plan_output(KIMI, SHAPE, seed, 100_000).output_ids
+        if THINK_END not in ids:
+            continue
+        cut = ids.index(THINK_END)
+        for part in (ids[:cut], ids[cut + 1 : -1]):
+            assert render_text(part, KIMI) in book
 
 
 def test_fixed_output_is_small_and_well_formed() -> None:

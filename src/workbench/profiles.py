@@ -17,8 +17,8 @@ class ModelProfile(msgspec.Struct, frozen=True):
 
     `think_in_template`: the chat template already opens the reasoning block in the prompt, so
     a completion holds no think-start id and one think-end id. `thinking_kwarg` is the
-    chat-template argument that switches thinking on. `sim_content_ids` is the id range the
-    simulator draws ordinary tokens from (the example tokenizer covers it).
+    chat-template argument that switches thinking on. `sim_content_ids` is the range of the
+    example tokenizer's ordinary (non-special) ids, the simulator's vocabulary.
     """
 
     name: str
@@ -29,7 +29,7 @@ class ModelProfile(msgspec.Struct, frozen=True):
     eos_id: int | None
     thinking_kwarg: str | None
     think_in_template: bool = True
-    sim_content_ids: tuple[int, int] = (100, 8000)
+    sim_content_ids: tuple[int, int] = (0, 1294)
 
     @property
     def is_reasoning(self) -> bool:

@@ -1,25 +1,32 @@
 """Deterministic simulated outputs, shaped like a reasoning model's.
 
-A completion for a thinking-mode prompt is: reasoning ids drawn from the model profile's
-`sim_content_ids`, the think-end id, answer ids, then the end id (`end_ids[0]`); profiles whose
+A completion for a thinking-mode prompt is: reasoning ids, the think-end id, answer ids, then the
+end id (`end_ids[0]`); profiles whose
 chat template does not open the reasoning block (`think_in_template=False`) start with the
 think-start id, and non-reasoning profiles produce only an answer and the end id. Lengths come
 from the simulator profile's `OutputShape`. A seeded fraction (`unclosed_rate`) reasons until
 `max_new_tokens`. Anything cut at `max_new_tokens` finishes with "length", otherwise "stop".
 
-The same seed, prompt and sampling parameters always give the same ids (the request id plays no
-part); a larger `max_new_tokens` extends, never changes, a shorter output's ids.
-Text renders ids as `w<id>` words and special ids by name; `tokenize_text` inverts it.
+Reasoning and answer are each a run of the example text's ids (`corpus.json`, written by
+scripts/make_examples.py from a public-domain book with the example tokenizer's vocabulary)
+starting at a seeded sentence and wrapping around at its end, so decoded replies read as the
+book. The same seed, prompt and sampling parameters always give the same ids (the request id
+plays no part); a larger `max_new_tokens` extends, never changes, a shorter output's ids.
+`render_text` writes ids as the vocabulary's words (special ids by name), space-separated, as
+the example tokenizer decodes them; `tokenize_text` splits text as that tokenizer does.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import random
+import re
 import zlib
 from array import array
+from importlib import resources
 from typing import Literal, NamedTuple
 
 from workbench.profiles import ModelProfile
@@ -91,9 +98,34 @@ def _length(rng: random.Random, median: float, sigma: float) -> int:
     return max(1, int(rng.lognormvariate(math.log(median), sigma)))
 
 
+class Corpus(NamedTuple):
+    """The example text: vocabulary (id -> token), the text as ids and its sentence starts."""
+
+    tokens: list[str]
+    ids: list[int]
+    starts: list[int]
+    by_token: dict[str, int]
+
+
+@functools.cache
+def corpus() -> Corpus:
+    """The simulator's text, read once from the package's `corpus.json`."""
+    data = json.loads(resources.files("workbench.sim").joinpath("corpus.json").read_bytes())
+    tokens: list[str] = data["tokens"]
+    ids: list[int] = data["text_ids"]
+    ends = {i for i, token in enumerate(tokens) if any(mark in token for mark in ".!?")}
+    starts = [0] + [at + 1 for at, token in enumerate(ids[:-1]) if token in ends]
+    return Corpus(tokens, ids, starts, {token: i for i, token in enumerate(tokens)})
+
+
 def _content(rng: random.Random, model: ModelProfile, count: int) -> list[int]:
-    low, high = model.sim_content_ids
-    return rng.choices(range(low, high), k=count)
+    """`count` ids of the text from a seeded sentence start (one draw whatever `count` is)."""
+    text = corpus()
+    at = text.starts[rng.randrange(len(text.starts))]
+    out = text.ids[at : at + count]
+    while len(out) < count:
+        out += text.ids[: count - len(out)]
+    return out
 
 
 def _finish(ids: list[int], end_id: int, max_new_tokens: int) -> PlannedOutput:
@@ -117,33 +149,43 @@ def _special_names(model: ModelProfile) -> dict[int, str]:
 
 
 @functools.cache
-def _special_ids(model: ModelProfile) -> dict[str, int]:
-    return {name: token for token, name in _special_names(model).items()}
+def _special_split(model: ModelProfile) -> re.Pattern[str]:
+    names = sorted(_special_names(model).values(), key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(name) for name in names) + ")")
 
 
 def render_text(ids: list[int], model: ModelProfile) -> str:
-    """Ids as text: `w<id>` words, special ids by name, separated by spaces."""
+    """Ids as the example tokenizer decodes them: tokens and special names, space-separated."""
     names = _special_names(model)
-    return " ".join(names.get(token) or f"w{token}" for token in ids)
+    tokens = corpus().tokens
+    return " ".join(
+        names.get(token) or (tokens[token] if 0 <= token < len(tokens) else f"<{token}>")
+        for token in ids
+    )
 
 
 def tokenize_text(text: str, model: ModelProfile) -> list[int]:
-    """Whitespace-separated words as ids: `w<id>` and special names exactly, others hashed."""
-    specials = _special_ids(model)
-    low, high = model.sim_content_ids
-    return [_word_id(word, specials, low, high) for word in text.split()]
+    """Text as the example tokenizer encodes it; words outside its vocabulary are hashed in."""
+    specials = {name: token for token, name in _special_names(model).items()}
+    text_corpus = corpus()
+    ids: list[int] = []
+    for piece in _special_split(model).split(text):
+        if piece in specials:
+            ids.append(specials[piece])
+            continue
+        for word in _WORDS.findall(piece.lower()):
+            token = text_corpus.by_token.get(word)
+            ids.append(token if token is not None else _hashed(word, len(text_corpus.tokens)))
+    return ids
 
 
-def _word_id(word: str, specials: dict[str, int], low: int, high: int) -> int:
-    special = specials.get(word)
-    if special is not None:
-        return special
-    if word[0] == "w" and word[1:].isdigit() and low <= int(word[1:]) < high:
-        return int(word[1:])
-    return low + zlib.crc32(word.encode()) % (high - low)
+_WORDS = re.compile(r"\w+|[^\w\s]+")
+
+
+def _hashed(word: str, size: int) -> int:
+    return zlib.crc32(word.encode()) % size
 
 
 def fixed_output(model: ModelProfile, max_new_tokens: int) -> PlannedOutput:
-    """The small constant output of the fixed-latency mode: four ids and the end id."""
-    low = model.sim_content_ids[0]
-    return _finish([low, low + 1, low + 2, low + 3], model.end_ids[0], max_new_tokens)
+    """The small constant output of the fixed-latency mode: the text's first four ids, the end id."""
+    return _finish(corpus().ids[:4], model.end_ids[0], max_new_tokens)
