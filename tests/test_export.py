@@ -189,7 +189,7 @@ def test_conversations_split_at_think_end(tmp_path: Path) -> None:
     tok = load_tokenizer(EXAMPLES / "tokenizer")
     run = chat_run(tmp_path, [record(2, [300, 301, TE, 302, 303, END]), record(0, [300, 301],
                                                                                finish="length")])
-    export(run, tmp_path / "conv.jsonl", format="conversations")
+    export(run, tmp_path / "conv.jsonl", format="conversations", keep_truncated=True)
     first, second = rows(tmp_path / "conv.jsonl")
     assert first["id"] == "chat/2"
     assert first["conversations"] == [
@@ -298,4 +298,5 @@ def test_summary_is_json_ready(tmp_path: Path) -> None:
     plant(tmp_path / "run", "ds", [record(0)], {0: PROMPT})
     summary = export(tmp_path / "run", tmp_path / "out.jsonl")
     data = json.loads(msgspec.json.encode(summary.to_builtins()))
-    assert data["datasets"]["ds"] == {"written": 1, "dropped": {}, "trimmed": 0}
+    assert data["datasets"]["ds"] == {"written": 1, "dropped": {}, "trimmed": 0, "exact": None}
+    assert data["trainer"] is None

@@ -334,6 +334,16 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--model-profile", help="model profile (default: the run's, else kimi-k2.5)")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the run manifest's)")
     p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer run its own code")
+    p.add_argument("--for", dest="trainer", choices=("specforge", "speculators"),
+                   help="write what that trainer reads (JSONL input_ids + loss_mask), a manifest "
+                        "beside it, and print its command line")
+    p.add_argument("--max-length", type=_positive_int,
+                   help="with --for: the trainer's max_length; prints the rows it would cut")
+    p.add_argument("--reasoning", choices=("field", "inline"), default="field",
+                   help="conversations: reasoning as reasoning_content (field, default) or in "
+                        "content between the model's think tags (inline)")
+    p.add_argument("--keep-truncated", action="store_true",
+                   help="conversations: keep replies cut at max_new_tokens (dropped by default)")
     p.set_defaults(func=_cmd_export)
 
 
@@ -343,7 +353,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     drop = (("truncated",) if args.drop_truncated else ()) + args.drop
     options = ExportOptions(format=args.format, only=args.only, drop=drop, limit=args.limit,
                             shuffle=args.shuffle, seed=args.seed, model_profile=args.model_profile,
-                            tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code)
+                            tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
+                            trainer=args.trainer, max_length=args.max_length,
+                            reasoning=args.reasoning, keep_truncated=args.keep_truncated)
     print(format_summary(export_run(args.out, args.to, options)))
     return 0
 

@@ -60,6 +60,15 @@ import numpy as np
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError, WorkbenchError
 from workbench.profiles import ModelProfile
+from workbench.trainers import (
+    TRAINERS,
+    RowEntry,
+    Trainer,
+    TrainerReport,
+    row_digest,
+    trainer_report,
+    write_manifest,
+)
 from workbench.records import (
     ERRORS_FILE,
     MANIFEST_FILE,
@@ -92,6 +101,7 @@ __all__ = [
 ]
 
 ExportFormat: TypeAlias = Literal["tokens", "conversations"]
+ReasoningCarry: TypeAlias = Literal["field", "inline"]
 SampleId: TypeAlias = int | str
 
 DROP_REASONS: tuple[str, ...] = (
@@ -113,6 +123,11 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     for --drop-truncated). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
+    `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
+    `max_length`: count the rows it would cut instead of proposing one that fits.
+    `reasoning`: conversations carry the reasoning as `reasoning_content` ("field") or in
+    `content` between the model's think tags ("inline"); `keep_truncated` keeps replies cut
+    at max_new_tokens in conversations.
     """
 
     format: ExportFormat = "tokens"
@@ -124,15 +139,28 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     model_profile: str | None = None
     tokenizer: str | None = None
     trust_remote_code: bool = False
+    trainer: str | None = None
+    max_length: int | None = None
+    reasoning: ReasoningCarry = "field"
+    keep_truncated: bool = False
+
+    def drop_rules(self) -> tuple[str, ...]:
+        """The rules whose failing records are left out: conversations also leave out
+        truncated replies (they cannot be a finished turn) unless `keep_truncated`."""
+        if self.format == "conversations" and not self.keep_truncated:
+            return tuple(dict.fromkeys((*self.drop, "truncated")))
+        return self.drop
 
 
 class DatasetExport(msgspec.Struct):
     """Rows written and records dropped (by reason) for one dataset; `trimmed` counts
-    outputs whose prepended prompt-suffix ids were removed."""
+    outputs whose prepended prompt-suffix ids were removed; `exact` (conversations) the rows
+    whose re-rendering with the tokenizer's chat template gives back the generated ids."""
 
     written: int = 0
     dropped: dict[str, int] = msgspec.field(default_factory=dict)
     trimmed: int = 0
+    exact: int | None = None
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
@@ -144,6 +172,7 @@ class ExportSummary(msgspec.Struct):
     rows: int
     seconds: float
     datasets: dict[str, DatasetExport]
+    trainer: TrainerReport | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         data: dict[str, Any] = msgspec.to_builtins(self)
@@ -160,10 +189,11 @@ class _TokensLine(msgspec.Struct):
     loss_mask: list[int]
 
 
-class _ConversationLine(msgspec.Struct):
+class _ConversationLine(msgspec.Struct, omit_defaults=True):
     id: str
     dataset: str
     conversations: list[Any]
+    tools: list[Any] | None = None
 
 
 class _Tokens(NamedTuple):
@@ -200,6 +230,28 @@ class _JsonlSink:
 
     def close(self) -> None:
         self._file.close()
+
+
+class _TrainerSink(_JsonlSink):
+    """Rows as a trainer reads them ({input_ids, loss_mask} only); each row's id, lengths
+    and digest go to `entries` (row number = position) for the manifest."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.entries: list[RowEntry] = []
+
+    def write(self, row: _Out) -> None:
+        assert isinstance(row, _Tokens)
+        ids = row.prompt_ids + row.output_ids
+        line = _TrainerLine(ids, [0] * len(row.prompt_ids) + [1] * len(row.output_ids))
+        self._file.write(self._encode(line) + b"\n")
+        self.entries.append(RowEntry(row.id, row.dataset, len(row.prompt_ids), len(ids),
+                                     row_digest(ids)))
+
+
+class _TrainerLine(msgspec.Struct):
+    input_ids: list[int]
+    loss_mask: list[int]
 
 
 class _ParquetSink:
@@ -251,11 +303,15 @@ class _ParquetSink:
         self._writer.write_table(table, row_group_size=len(rows))
 
 
-def _sink_factory(target: Path, fmt: ExportFormat) -> Callable[[Path], _Sink]:
+def _sink_factory(target: Path, fmt: ExportFormat,
+                  trainer: str | None = None) -> Callable[[Path], _Sink]:
     suffix = target.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        return _JsonlSink
+        return _TrainerSink if trainer else _JsonlSink
     if suffix in PARQUET_SUFFIXES:
+        if trainer:
+            raise ConfigError("--to", f"{trainer}'s file loader reads JSON/JSONL only, not "
+                                      f"Parquet: write {target.with_suffix('.jsonl').name}")
         if fmt == "conversations":
             raise ConfigError("--to", "the conversations format writes JSONL (.jsonl); "
                                       "Parquet is for the tokens format")
@@ -266,9 +322,9 @@ def _sink_factory(target: Path, fmt: ExportFormat) -> Callable[[Path], _Sink]:
 
 
 @contextlib.contextmanager
-def _atomic_sink(target: Path, fmt: ExportFormat) -> Iterator[_Sink]:
+def _atomic_sink(target: Path, options: ExportOptions) -> Iterator[_Sink]:
     """A sink on a temporary file next to target, renamed over it only on success."""
-    make = _sink_factory(target, fmt)
+    make = _sink_factory(target, options.format, options.trainer)
     if not target.parent.is_dir():
         raise ConfigError("--to", f"directory not found: {target.parent}")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -390,7 +446,8 @@ class _Messages:
         if sample_id is not None:
             self.line_of.setdefault(sample_id, number)
 
-    def get(self, sample_id: SampleId) -> list[Any] | None:
+    def get(self, sample_id: SampleId) -> tuple[list[Any], list[Any] | None] | None:
+        """The row's messages and its `tools` (None when it has none)."""
         line = self.line_of.get(sample_id)
         if line is None:
             return None
@@ -398,7 +455,10 @@ class _Messages:
         messages = data.get("messages") if isinstance(data, dict) else None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise DataError(self.path, "messages must be a list of objects", line)
-        return messages
+        tools = data.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise DataError(self.path, "tools must be a list", line)
+        return messages, tools
 
     def close(self) -> None:
         self._lines.close()
@@ -422,6 +482,7 @@ class _Source:
         self.options = options
         self.reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
         self.checker = RecordChecker(profile, reasoning=self.reasoning)
+        self.drop = options.drop_rules()
         self.stats = DatasetExport()
         self.seen: set[SampleId] = set()
         self.tokenizer: Any = None
@@ -441,7 +502,7 @@ class _Source:
 
     def verdicts(self, rows: Sequence[Row]) -> list[str | None]:
         """Per row: the reason it is dropped, or None when it is kept."""
-        failures = self.checker.check_rows(rows) if self.options.drop else None
+        failures = self.checker.check_rows(rows) if self.drop else None
         return [self._verdict(row, failures[i] if failures else ())
                 for i, row in enumerate(rows)]
 
@@ -454,7 +515,7 @@ class _Source:
         if row.sample_id not in self.prompts:
             return "orphan_response"
         failed = {rule for rule, _ in problems}
-        return next((rule for rule in self.options.drop if rule in failed), None)
+        return next((rule for rule in self.drop if rule in failed), None)
 
     def render(self, row: Row) -> _Out | str:
         """The output row of a kept record, or the reason it is dropped after all."""
@@ -463,7 +524,7 @@ class _Source:
         prompt = self.prompts.get(row.sample_id)
         if self.options.format == "conversations":
             output = self._output(prompt.input_ids or [], row)
-            return self._conversation(row_id, row.sample_id, output)
+            return self._conversation(row_id, row.sample_id, prompt.input_ids or [], output)
         prompt_ids = self._prompt_ids(prompt, row)
         if prompt_ids is None:
             return "prompt_tokens_mismatch"
@@ -485,14 +546,23 @@ class _Source:
             self.stats.trimmed += 1
         return output
 
-    def _conversation(self, row_id: str, sample_id: SampleId, output: list[int]) -> _Out:
+    def _conversation(self, row_id: str, sample_id: SampleId, prompt_ids: list[int],
+                      output: list[int]) -> _Out:
         assert self.messages is not None
-        messages = self.messages.get(sample_id)
-        if messages is None:
+        source = self.messages.get(sample_id)
+        if source is None:
             raise DataError(self.messages.path, f"no row with sample id {sample_id!r} "
                                                 f"(prompt of {row_id})")
-        turn = _assistant_turn(output, self.profile, self.reasoning, self._tokenizer())
-        return _ConversationLine(row_id, self.name, [*messages, turn])
+        messages, tools = source
+        tokenizer = self._tokenizer()
+        turn = _assistant_turn(output, self.profile, self.reasoning, tokenizer)
+        if self.options.reasoning == "inline":
+            turn = _inline_reasoning(turn, self.profile, tokenizer)
+        conversation = [*messages, turn]
+        if _renders_exactly(tokenizer, conversation, tools, self.ds.chat_template_kwargs,
+                            prompt_ids + output):
+            self.stats.exact = (self.stats.exact or 0) + 1
+        return _ConversationLine(row_id, self.name, conversation, tools)
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -504,6 +574,7 @@ class _Source:
         if self.options.format == "conversations":
             self.messages = _open_messages(self.ds, self.run)
             self._tokenizer()
+            self.stats.exact = 0
         elif self.ds.settings.get("input") == "text":
             self._tokenizer()
 
@@ -538,6 +609,28 @@ def _assistant_turn(
         return str(tokenizer.decode(part, skip_special_tokens=False)).strip("\n") if part else ""
 
     return {"role": "assistant", "content": text(ids), "reasoning_content": text(thought)}
+
+
+def _inline_reasoning(turn: dict[str, str], profile: ModelProfile, tokenizer: Any
+                      ) -> dict[str, str]:
+    """The turn with its reasoning moved into `content` between the model's think tags."""
+    if profile.think_start is None or profile.think_end is None:
+        return turn
+    start, end = tokenizer.convert_ids_to_tokens([profile.think_start, profile.think_end])
+    content = f"{start}{turn['reasoning_content']}{end}{turn['content']}"
+    return {"role": "assistant", "content": content}
+
+
+def _renders_exactly(tokenizer: Any, conversation: list[Any], tools: list[Any] | None,
+                     kwargs: dict[str, Any], ids: list[int]) -> bool:
+    """Whether the chat template renders `conversation` back to exactly `ids` (decode,
+    re-render, re-encode: what a trainer that applies the template itself will train on)."""
+    try:
+        text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False,
+                                             add_generation_prompt=False, **kwargs)
+    except Exception:  # noqa: BLE001 (a template that cannot render the row is not exact)
+        return False
+    return list(tokenizer.encode(text, add_special_tokens=False)) == ids
 
 
 # --- tokenizers and source messages ----------------------------------------------------------
@@ -690,6 +783,26 @@ def _check_options(options: ExportOptions) -> None:
                                     f"(known: {', '.join(RECORD_RULES)})")
     if options.limit is not None and options.limit < 1:
         raise ConfigError("--limit", f"expected a number of at least 1, got {options.limit}")
+    if options.reasoning not in ("field", "inline"):
+        raise ConfigError("--reasoning", f"unknown value {options.reasoning!r} (known: field, inline)")
+    _check_trainer_options(options)
+
+
+def _check_trainer_options(options: ExportOptions) -> None:
+    if options.trainer is None:
+        if options.max_length is not None:
+            raise ConfigError("--max-length", "goes with --for specforge|speculators")
+        return
+    if options.trainer not in TRAINERS:
+        raise ConfigError("--for", f"unknown trainer {options.trainer!r} "
+                                   f"(known: {', '.join(TRAINERS)})")
+    if options.format != "tokens":
+        raise ConfigError("--format", f"--for {options.trainer} writes token rows; the "
+                                      "conversations format is re-rendered by the trainer "
+                                      "and is not exact (leave --format out)")
+    if options.max_length is not None and options.max_length < 1:
+        raise ConfigError("--max-length", f"expected a number of at least 1, "
+                                          f"got {options.max_length}")
 
 
 def export_run(
@@ -705,7 +818,7 @@ def export_run(
     started = time.perf_counter()
     _check_options(options)
     target = Path(to)
-    _sink_factory(target, options.format)
+    _sink_factory(target, options.format, options.trainer)
     run = load_run(out, options.only)
     _check_target_outside(target, run)
     profile = run.profile(options.model_profile)
@@ -714,10 +827,54 @@ def export_run(
         for ds in run.datasets:
             sources.append(_open_source(run, ds, profile, options))
             stack.callback(sources[-1].close)
-        _write(sources, target, options)
+        sink = _write(sources, target, options)
+    report = None
+    if isinstance(sink, _TrainerSink) and options.trainer is not None:
+        report = _trainer_outputs(TRAINERS[options.trainer], target, sink.entries, run,
+                                  sources, options)
     rows = sum(source.stats.written for source in sources)
     return ExportSummary(str(target), options.format, rows, time.perf_counter() - started,
-                         {source.name: source.stats for source in sources})
+                         {source.name: source.stats for source in sources}, report)
+
+
+def _trainer_outputs(trainer: Trainer, target: Path, entries: list[RowEntry], run: RunInfo,
+                     sources: Sequence[_Source], options: ExportOptions) -> TrainerReport:
+    """The trainer's length figures and command; the manifest written beside the file."""
+    model = _model_facts(run)
+    names = [source.name for source in sources]
+    tokenizer = options.tokenizer or _manifest_tokenizer(run, names)
+    report = trainer_report(trainer, target, entries, names, options.max_length,
+                            tokenizer or str(model.get("model_path") or "MODEL"))
+    datasets = {source.name: _dataset_facts(source) for source in sources}
+    write_manifest(target, report, entries, model, datasets)
+    return report
+
+
+def _model_facts(run: RunInfo) -> dict[str, Any]:
+    """The model as run.json records it (path, profile, server version)."""
+    info = run.manifest.get("server_info")
+    info = info if isinstance(info, dict) else {}
+    return {"model_path": info.get("model_path"), "model_profile": run.profile_name,
+            "server_version": info.get("version"), "server_url": run.manifest.get("server_url")}
+
+
+def _manifest_tokenizer(run: RunInfo, names: Sequence[str]) -> str | None:
+    """The tokenizer directory the run's manifest names for its datasets, when one is named."""
+    for name in names:
+        with contextlib.suppress(ConfigError):
+            tokenizer = _manifest_spec(run, name).tokenizer
+            if tokenizer:
+                return str(tokenizer)
+    return None
+
+
+def _dataset_facts(source: _Source) -> dict[str, Any]:
+    """What the generation of one dataset used: template arguments, tools, sampling."""
+    settings = source.ds.settings
+    return {"rows": source.stats.written, "dropped": dict(source.stats.dropped),
+            "input": settings.get("input"), "source": settings.get("path"),
+            "chat_template_kwargs": source.ds.chat_template_kwargs,
+            "tools": settings.get("tools"), "sampling": settings.get("sampling")}
 
 
 def _check_target_outside(target: Path, run: RunInfo) -> None:
@@ -730,13 +887,14 @@ def _check_target_outside(target: Path, run: RunInfo) -> None:
                                   "write the export outside the dataset folders")
 
 
-def _write(sources: Sequence[_Source], target: Path, options: ExportOptions) -> None:
+def _write(sources: Sequence[_Source], target: Path, options: ExportOptions) -> _Sink:
     try:
-        with _atomic_sink(target, options.format) as sink, paused_gc():
+        with _atomic_sink(target, options) as sink, paused_gc():
             if options.shuffle:
                 _export_shuffled(sources, sink, options.limit, options.seed)
             else:
                 _export_in_order(sources, sink, options.limit)
+        return sink
     except WorkbenchError:
         raise
     except OSError as exc:
@@ -753,8 +911,27 @@ def format_summary(summary: ExportSummary) -> str:
         dropped = ", ".join(f"{reason} {count:,}" for reason, count in
                             sorted(ds.dropped.items(), key=lambda item: _reason_order(item[0])))
         trimmed = f"; {ds.trimmed:,} outputs lost prepended prompt ids" if ds.trimmed else ""
-        lines.append(f"  {name}: {ds.written:,} written; dropped: {dropped or 'none'}{trimmed}")
+        exact = ("" if ds.exact is None else
+                 f"; {ds.exact:,} of {ds.written:,} re-render to the generated ids")
+        lines.append(f"  {name}: {ds.written:,} written; dropped: {dropped or 'none'}"
+                     f"{trimmed}{exact}")
+    if summary.trainer is not None:
+        lines += _trainer_lines(summary.trainer)
     return "\n".join(lines)
+
+
+def _trainer_lines(report: TrainerReport) -> list[str]:
+    """Length figures, what max_length costs, the manifest and the trainer's command."""
+    lines = [f"token lengths (rows; p50/p90/p99/max) and {report.trainer} max_length "
+             f"{report.max_length:,}:"]
+    for name, figures in report.lengths.items():
+        cost = (f"{figures.cut:,} rows cut, {figures.dropped:,} of them left with no "
+                f"supervised token (the trainer drops them)" if figures.cut else "none cut")
+        lines.append(f"  {name}: {figures.rows:,} rows; {figures.p50:,}/{figures.p90:,}/"
+                     f"{figures.p99:,}/{figures.max:,}; {cost}")
+    lines.append(f"manifest: {report.manifest}")
+    lines.append(f"train with: {report.command}")
+    return lines
 
 
 def _reason_order(reason: str) -> int:
