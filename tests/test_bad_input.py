@@ -34,6 +34,7 @@ from workbench.launch import ServerProcess, find_free_port
 from workbench.profiles import get_profile
 from workbench.records import PromptRecord, encode_line, parse_lines
 from workbench.stats import collect_stats, format_stats_table
+from workbench.columns import CACHE_DIR
 from workbench.validate import RecordChecker, format_report, validate_run
 
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 16}
@@ -156,9 +157,10 @@ class Env:
 
 
 def _snapshot(root: Path) -> dict[str, str]:
+    """Every file of the run but the scan cache (which readers may write; see columns.py)."""
     return {
         str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*")) if path.is_file()
+        for path in sorted(root.rglob("*")) if path.is_file() and CACHE_DIR not in path.parts
     }
 
 

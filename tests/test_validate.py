@@ -245,10 +245,10 @@ def test_ranges_in_workers_match_one_pass(tmp_path: Path, monkeypatch: pytest.Mo
             recs.append(b"garbage\n")
     recs.append(record(3))
     plant(tmp_path, "ds", recs, list(range(0, 420, 2)), raw_tail=b'{"sample_id": 1')
-    single = validate_run(tmp_path, workers=1)
+    single = validate_run(tmp_path, workers=1, cache=False)
     monkeypatch.setattr(validate_module, "MIN_RANGE_BYTES", 2000)
     monkeypatch.setattr(validate_module, "SCAN_BLOCK_BYTES", 700)
     assert len(validate_module._plan_ranges(tmp_path / "ds" / "raw_responses.jsonl", 5)) == 5
-    assert validate_run(tmp_path, workers=5) == single
-    assert validate_run(tmp_path, workers=1) == single
+    assert validate_run(tmp_path, workers=5, cache=False) == single
+    assert validate_run(tmp_path, workers=1, cache=False) == single
     assert single.datasets["ds"].records == 401

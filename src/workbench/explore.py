@@ -38,18 +38,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.columns import Columns, FileScan
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.records import RAW_FILE, Row, iter_blocks
 from workbench.stats import RunStats
 from workbench.validate import (
+    SCAN_BLOCK_BYTES,
     SEVERITY,
     DatasetDir,
-    RecordChecker,
     RunInfo,
+    RunScan,
     ValidationReport,
+    failed_rules,
     load_run,
     reasoning_expected,
+    scan_run,
 )
 
 __all__ = [
@@ -154,84 +158,60 @@ def run_overview(
 # --- one row per record ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Splitter:
-    """Splits output ids into reasoning and answer for one dataset."""
-
-    think_end: int | None
-    end_ids: frozenset[int]
-
-    @classmethod
-    def of(cls, profile: ModelProfile, reasoning: bool) -> _Splitter:
-        ends = {*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,))}
-        return cls(profile.think_end if reasoning else None, frozenset(ends))
-
-    def split(self, ids: list[int] | None) -> tuple[int | None, int | None, bool | None]:
-        """(reasoning tokens, answer tokens, closed) of one reply's ids."""
-        if ids is None:
-            return None, None, None
-        body = len(ids)
-        while body and ids[body - 1] in self.end_ids:
-            body -= 1
-        if self.think_end is None:
-            return 0, body, None
-        if self.think_end not in ids:
-            return body, 0, False
-        position = ids.index(self.think_end)
-        return position, max(0, body - position - 1), True
+RunSource = str | os.PathLike[str] | RunScan
 
 
-def _row_values(row: Row, splitter: _Splitter) -> tuple[Any, ...]:
-    ids = row.output_ids
-    reasoning, answer, closed = splitter.split(ids)
-    return (
-        row.line, row.sample_id, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
-        row.finish_reason if row.finish_reason is not None else MISSING_REASON, row.ts,
-        row.e2e_latency, None if ids is None else len(ids), reasoning, answer, closed,
-    )
-
-
-def _dataset_rows(ds: DatasetDir, splitter: _Splitter) -> Iterator[tuple[Any, ...]]:
-    if not ds.raw_path.is_file():
-        return
-    for block in iter_blocks(ds.raw_path, with_output_ids=True):
-        for row in block.rows:
-            yield (ds.name, *_row_values(row, splitter))
+def _scanned(source: RunSource, model_profile: str | None = None,
+             datasets: Sequence[str] = ()) -> RunScan:
+    """The scan of a run (read, or only its new bytes with the cache), or the scan given."""
+    if isinstance(source, RunScan):
+        return source
+    return scan_run(source, model_profile=model_profile, only=datasets)
 
 
 def record_frame(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunSource,
     *,
     model_profile: str | None = None,
     datasets: Sequence[str] = (),
 ) -> pd.DataFrame:
     """One row per record of every dataset (or of `datasets`), columns RECORD_COLUMNS.
 
-    Counts that cannot be read are NA (nullable Int64), never 0; ``finish_reason`` is
-    "missing" when absent; ``time`` is ``ts`` as a UTC datetime.
+    `run_dir` may be a :func:`~workbench.validate.scan_run` result, so that one scan feeds
+    every table of a report. Counts that cannot be read are NA (nullable Int64), never 0;
+    ``finish_reason`` is "missing" when absent; ``time`` is ``ts`` as a UTC datetime. The
+    split of output ids into reasoning and answer is :meth:`RecordChecker.split`.
     """
-    run = load_run(run_dir, datasets)
-    profile = run.profile(model_profile)
-    rows: list[tuple[Any, ...]] = []
-    for ds in run.datasets:
-        splitter = _Splitter.of(profile, reasoning_expected(profile, ds.chat_template_kwargs))
-        rows.extend(_dataset_rows(ds, splitter))
-    return _typed_frame(rows, [ds.name for ds in run.datasets])
+    scan = _scanned(run_dir, model_profile, datasets)
+    names = [name for name in scan.files if not datasets or name in datasets]
+    columns = [scan.files[name].columns for name in names]
+    return _typed_frame(columns, names)
 
 
-def _typed_frame(rows: list[tuple[Any, ...]], names: list[str]) -> pd.DataFrame:
-    frame = pd.DataFrame.from_records(rows, columns=list(RECORD_COLUMNS))
-    frame["dataset"] = pd.Categorical(frame["dataset"], categories=names)
+def _joined(columns: Sequence[Columns], name: str) -> list[Any]:
+    values: list[Any] = []
+    for part in columns:
+        values.extend(getattr(part, name))
+    return values
+
+
+def _typed_frame(columns: Sequence[Columns], names: list[str]) -> pd.DataFrame:
+    lengths = [len(part) for part in columns]
+    codes = np.repeat(np.arange(len(names)), lengths).astype("int32")
+    frame = pd.DataFrame({"dataset": pd.Categorical.from_codes(codes, categories=names)})
+    frame["line"] = np.array(_joined(columns, "line"), dtype="int64")
+    frame["sample_id"] = pd.Series(_joined(columns, "sample_id"), dtype="object")
     for column in _INT_COLUMNS:
-        frame[column] = pd.array(frame[column].tolist(), dtype="Int64")
-    frame["closed"] = pd.array(frame["closed"].tolist(), dtype="boolean")
-    frame["line"] = frame["line"].astype("int64")
+        frame[column] = pd.array(_joined(columns, column), dtype="Int64")
+    reasons = _joined(columns, "finish_reason")
+    frame["finish_reason"] = pd.array([MISSING_REASON if r is None else r for r in reasons],
+                                      dtype="string")
     for column in ("ts", "e2e_latency"):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    frame["finish_reason"] = frame["finish_reason"].astype("string")
-    frame["sample_id"] = frame["sample_id"].astype("object")
+        values = [math.nan if v is None else v for v in _joined(columns, column)]
+        frame[column] = np.array(values, dtype="float64")
+    frame["closed"] = pd.array(_joined(columns, "closed"), dtype="boolean")
     frame["time"] = pd.to_datetime(frame["ts"], unit="s", utc=True)
-    return frame
+    return frame[[*RECORD_COLUMNS, "time"]]
 
 
 def _groups(frame: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
@@ -440,13 +420,25 @@ def findings_table(report: ValidationReport) -> pd.DataFrame:
     return _labelled(pd.DataFrame(rows, columns=columns), list(report.datasets))
 
 
-def _rows_at(path: Path, lines: set[int]) -> dict[int, Row]:
-    """The rows (with output ids) at the given line numbers of a raw file."""
+def _rows_at(path: Path, lines: set[int], index: FileScan | None = None) -> dict[int, Row]:
+    """The rows (with output ids) at the given line numbers of a raw file: read from the
+    block holding each (in the scan's block index), else from the file's start."""
     found: dict[int, Row] = {}
     if not lines or not path.is_file():
         return found
+    starts = {index.block_at(line) if index else (0, 1) for line in lines}
+    for offset, first in sorted(starts):
+        wanted = {line for line in lines if line >= first and line not in found}
+        if wanted:
+            found.update(_rows_from(path, offset, first, wanted))
+    return found
+
+
+def _rows_from(path: Path, offset: int, first: int, lines: set[int]) -> dict[int, Row]:
+    found: dict[int, Row] = {}
     last = max(lines)
-    for block in iter_blocks(path, with_output_ids=True):
+    for block in iter_blocks(path, offset=offset, first_line=first, with_output_ids=True,
+                             block_bytes=SCAN_BLOCK_BYTES):
         found.update((row.line, row) for row in block.rows if row.line in lines)
         if block.first_line + block.lines > last:
             break
@@ -491,23 +483,26 @@ def _excerpt(ids: list[int] | None, decoder: Any, names: Mapping[int, str], char
 
 
 def examples_table(
-    report: ValidationReport,
-    run_dir: str | os.PathLike[str],
+    report: ValidationReport | RunScan,
+    run_dir: str | os.PathLike[str] | None = None,
     *,
     tokenizer: str | os.PathLike[str] | None = None,
     chars: int = 400,
 ) -> pd.DataFrame:
     """Every example of every finding: dataset, rule, severity, file, line, detail, and for
     a record its sample_id, finish_reason, completion_tokens and an excerpt of its end
-    (decoded with `tokenizer`, else its last ids with the profile's special ids named)."""
-    run = load_run(run_dir, list(report.datasets))
+    (decoded with `tokenizer`, else its last ids with the profile's special ids named).
+    Given a :func:`~workbench.validate.scan_run` result, only the examples' blocks are read."""
+    scan = report if isinstance(report, RunScan) else None
+    report = report.report if isinstance(report, RunScan) else report
+    run = scan.run if scan is not None else load_run(_required(run_dir), list(report.datasets))
     profile = run.profile(report.model_profile)
     decoder, names = _decoder(tokenizer), _id_names(profile)
     rows = []
     for ds in run.datasets:
         findings = report.datasets[ds.name].findings
         wanted = {e.line for f in findings for e in f.examples if e.file == RAW_FILE}
-        records = _rows_at(ds.raw_path, wanted)
+        records = _rows_at(ds.raw_path, wanted, scan.files.get(ds.name) if scan else None)
         for finding in findings:
             for example in finding.examples:
                 row = records.get(example.line) if example.file == RAW_FILE else None
@@ -515,6 +510,12 @@ def examples_table(
     return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "file", "line", "detail",
                                        "sample_id", "finish_reason", "completion_tokens",
                                        "excerpt"])
+
+
+def _required(run_dir: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
+    if run_dir is None:
+        raise ConfigError("run_dir", "needed with a validation report (or pass the run's scan)")
+    return run_dir
 
 
 def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder: Any,
@@ -534,18 +535,18 @@ def _bucket_seconds(span: float, buckets: int) -> int:
     return next((s for s in _NICE_SECONDS if s >= wanted), math.ceil(wanted / 86400) * 86400)
 
 
-def _failure_times(ds: DatasetDir, checker: RecordChecker) -> Iterator[tuple[float, Iterable[str]]]:
+def _failure_times(columns: Columns) -> Iterator[tuple[float, Iterable[str]]]:
     """(ts, rules failed) of every record of a dataset that has a ts."""
-    if not ds.raw_path.is_file():
-        return
-    for block in iter_blocks(ds.raw_path, with_output_ids=True):
-        rows = [row for row in block.rows if row.ts is not None]
-        for row, problems in zip(rows, checker.check_rows(rows), strict=True):
-            yield float(row.ts), {rule for rule, _ in problems}  # type: ignore[arg-type]
+    rules: dict[int, list[str]] = {}
+    for ts, mask in zip(columns.ts, columns.failed, strict=True):
+        if ts is not None:
+            if mask not in rules:
+                rules[mask] = failed_rules(mask)
+            yield float(ts), rules[mask]
 
 
 def findings_over_time(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunSource,
     *,
     model_profile: str | None = None,
     buckets: int = 40,
@@ -556,14 +557,13 @@ def findings_over_time(
     record ``ts``; records without one are left out. Columns: dataset, start (UTC datetime),
     seconds, records, rule, count, rate: one row per dataset, bucket and rule that failed
     anywhere in the run (rule None when none did); rate is NaN in a bucket without records.
+    `run_dir` may be a :func:`~workbench.validate.scan_run` result (nothing read again).
     """
-    run = load_run(run_dir)
-    profile = run.profile(model_profile)
+    scan = _scanned(run_dir, model_profile)
     events: list[tuple[str, float, Iterable[str]]] = []
-    for ds in run.datasets:
-        checker = RecordChecker(profile, reasoning=reasoning_expected(profile, ds.chat_template_kwargs))
-        events.extend((ds.name, ts, rules) for ts, rules in _failure_times(ds, checker))
-    names = [ds.name for ds in run.datasets]
+    for name, file in scan.files.items():
+        events.extend((name, ts, rules) for ts, rules in _failure_times(file.columns))
+    names = list(scan.files)
     if not events:
         columns = ["dataset", "start", "seconds", "records", "rule", "count", "rate"]
         return _labelled(pd.DataFrame(columns=columns), names)
@@ -688,7 +688,7 @@ def _sample(name: str, row: Row, profile: ModelProfile, reasoning: bool, decoder
 
 
 def samples(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunSource,
     selected: pd.DataFrame,
     *,
     n: int = 10,
@@ -699,15 +699,16 @@ def samples(
 ) -> list[Sample]:
     """Up to n of the `selected` rows (a record_frame slice), drawn with seed, read back with
     their output ids: decoded with `tokenizer` when given, else as ids; each part is cut
-    to `chars` characters."""
-    run = load_run(run_dir)
-    profile = run.profile(model_profile)
+    to `chars` characters. Only the chosen records' blocks are read (the scan's index)."""
+    scan = _scanned(run_dir, model_profile)
+    run, profile = scan.run, scan.profile
     chosen = selected.sample(min(n, len(selected)), random_state=seed).sort_values(["dataset", "line"])
     decoder = _decoder(tokenizer)
     shown = []
     for ds in run.datasets:
         lines = chosen.loc[chosen["dataset"] == ds.name, "line"].tolist()
         reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
-        for line, row in sorted(_rows_at(ds.raw_path, set(lines)).items()):
+        found = _rows_at(ds.raw_path, set(lines), scan.files.get(ds.name))
+        for line, row in sorted(found.items()):
             shown.append(_sample(ds.name, row, profile, reasoning, decoder, chars))
     return shown

@@ -49,12 +49,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
 from workbench.errors import DataError, InputError
 from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, iter_blocks
+
+if TYPE_CHECKING:
+    from workbench.columns import FileScan
+    from workbench.validate import RunScan
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -373,10 +377,24 @@ class _Raw:
         self._recent: tuple[int, tuple[int, ...]] | None = None
 
     def add_block(self, block: Block, cutoff: float, unresolved: set[object]) -> None:
-        rows = block.rows
+        bad_lines = sum(1 for p in block.problems if p.kind != "torn")
+        torn = any(p.kind == "torn" for p in block.problems)
+        self.add_rows(block.rows, bad_lines, torn, cutoff, unresolved)
+
+    def add_scan(self, scan: FileScan, cutoff: float, unresolved: set[object]) -> None:
+        """Count the records of a scan (see :func:`workbench.validate.scan_run`) as rows."""
+        c = scan.columns
+        rows = list(map(_ColumnRow, c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
+                        c.cached_tokens, c.finish_reason, c.ts))
+        counts = scan.tally.counts
+        bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
+        self.add_rows(rows, bad_lines, scan.torn is not None, cutoff, unresolved)
+
+    def add_rows(self, rows: Sequence[Any], bad_lines: int, torn: bool, cutoff: float,
+                 unresolved: set[object]) -> None:
         self.records += len(rows)
-        self.bad_lines += sum(1 for p in block.problems if p.kind != "torn")
-        self.torn = any(p.kind == "torn" for p in block.problems)
+        self.bad_lines += bad_lines
+        self.torn = torn
         self._add_counts(rows)
         self._add_labels(rows, unresolved)
         self._add_times(rows, cutoff)
@@ -452,6 +470,18 @@ def _nearest_ranks(arrays: Sequence[array[int]]) -> tuple[tuple[int | None, ...]
     ranks = [max(1, math.ceil(p / 100 * size)) - 1 for p in PERCENTILES]
     values.partition(ranks)
     return tuple(int(values[k]) for k in ranks), int(values.max())
+
+
+class _ColumnRow(NamedTuple):
+    """What the counts need of a record, from a scan's columns."""
+
+    sample_id: object
+    layout: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    ts: float | None
 
 
 class _ErrorLine(msgspec.Struct):
@@ -543,12 +573,22 @@ class _Dataset:
         self.prompts = _Prompts()
         self.unresolved: set[object] = set()
 
-    def update(self, cutoff: float) -> None:
-        """Read what was appended (or everything again, for a file that changed)."""
+    def update(self, cutoff: float, scanned: FileScan | None = None) -> None:
+        """Read what was appended (or everything again, for a file that changed); the
+        records of raw_responses.jsonl come from `scanned` when given."""
         self._prune(cutoff)
         self._update_errors(cutoff)
-        self._update_raw(cutoff)
+        if scanned is None:
+            self._update_raw(cutoff)
+        else:
+            self._use_scan(scanned, cutoff)
         self._update_prompts()
+
+    def _use_scan(self, scanned: FileScan, cutoff: float) -> None:
+        self.raw_cursor.poll()  # the file's last write time
+        self.raw = _Raw(self.recent_rows)
+        self.unresolved = set(self.errors.ids)
+        self.raw.add_scan(scanned, cutoff, self.unresolved)
 
     def _prune(self, cutoff: float) -> None:
         window, errors = self.raw.window, self.errors.window
@@ -866,8 +906,10 @@ class StatsCollector:
         self._datasets: dict[str, _Dataset] = {}
         self._ranks: tuple[tuple[int, ...], tuple[tuple[int | None, ...], int | None]] | None = None
 
-    def refresh(self, now: float | None = None) -> RunStats:
-        """Read what changed since the last call and return the figures at ``now``."""
+    def refresh(self, now: float | None = None, *, scan: RunScan | None = None) -> RunStats:
+        """Read what changed since the last call and return the figures at ``now``; the
+        records of the datasets `scan` (a :func:`workbench.validate.scan_run` result) holds
+        are counted from it instead of reading their raw files."""
         if not self.out.is_dir():
             raise _not_a_run_dir(self.out)
         now = self.clock() if now is None else now
@@ -875,8 +917,9 @@ class StatsCollector:
         entries = _manifest_datasets(manifest)
         self._datasets = {name: self._dataset(name) for name in self._discover(entries)}
         stats = {}
+        scanned = scan.files if scan is not None else {}
         for name, dataset in self._datasets.items():
-            dataset.update(now - self.window)
+            dataset.update(now - self.window, scanned.get(name))
             stats[name] = dataset.snapshot(name, now, self.window, entries.get(name, {}))
         raws = [dataset.raw for dataset in self._datasets.values()]
         total = _total(
@@ -944,10 +987,16 @@ def check_run_dir(out: str | os.PathLike[str], *, need_datasets: bool = True) ->
 
 
 def collect_stats(
-    out: str | os.PathLike[str], *, now: float | None = None, window: float = DEFAULT_WINDOW
+    out: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    window: float = DEFAULT_WINDOW,
+    scan: RunScan | None = None,
 ) -> RunStats:
-    """A full scan of a run directory (one refresh of a new collector)."""
-    return StatsCollector(out, window=window).refresh(now)
+    """A full scan of a run directory (one refresh of a new collector); with `scan` (a
+    :func:`workbench.validate.scan_run` result of the same run) the raw files are not read
+    again: a report's tables and its stats then count the very same records."""
+    return StatsCollector(out, window=window).refresh(now, scan=scan)
 
 
 # --- text ------------------------------------------------------------------------------------

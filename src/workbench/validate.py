@@ -52,13 +52,14 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 
 import msgspec
 import numpy as np
 
+from workbench.columns import Columns, FileScan, Tally, cache_key, load_cached, save_cached
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile, get_profile
 from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, Row, iter_blocks
@@ -73,15 +74,18 @@ __all__ = [
     "Finding",
     "RecordChecker",
     "RunInfo",
+    "RunScan",
     "Thresholds",
     "ValidationReport",
     "exit_code",
+    "failed_rules",
     "format_report",
     "load_run",
     "paused_gc",
     "reasoning_expected",
     "record_failures",
     "record_problems",
+    "scan_run",
     "validate_run",
 ]
 
@@ -284,6 +288,8 @@ class _Flat(NamedTuple):
 
 
 def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> _IdStats:
+    if not id_lists:
+        return _IdStats([], [], [], [], [])
     flat = _Flat.of(id_lists)
     ids, n = flat.ids, len(id_lists)
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
@@ -326,10 +332,27 @@ class RecordChecker:
 
     def check_rows(self, rows: Sequence[Row]) -> list[list[tuple[str, str]]]:
         """The problems of each row (see :meth:`problems`), the ids of all checked at once."""
-        if not rows:
-            return []
+        return self._check(rows)[0]
+
+    def _check(self, rows: Sequence[Row]) -> tuple[list[list[tuple[str, str]]], _IdStats]:
+        """The problems of each row and the facts about their ids."""
         stats = _id_stats([row.output_ids or [] for row in rows], self)
-        return [self._row_problems(row, stats, index) for index, row in enumerate(rows)]
+        return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
+
+    def split(self, ids: list[int] | None, end_first: int) -> tuple[int | None, int | None, bool | None]:
+        """(reasoning tokens, answer tokens, closed) of one reply whose first think-end id is
+        at end_first (-1: none). Ids before it are reasoning, ids after it the answer;
+        trailing end ids count in neither. Without reasoning the whole reply is answer."""
+        if ids is None:
+            return None, None, None
+        body = len(ids)
+        while body and ids[body - 1] in self.end_ids:
+            body -= 1
+        if not self.reasoning:
+            return 0, body, None
+        if end_first < 0:
+            return body, 0, False
+        return end_first, max(0, body - end_first - 1), True
 
     def _row_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
@@ -531,30 +554,12 @@ def _select(datasets: list[DatasetDir], only: Sequence[str]) -> list[DatasetDir]
 # --- tallying --------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Tally:
-    """Counts and the first examples of each rule, line numbers local to a range."""
-
-    max_examples: int
-    counts: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
-
-    def add(self, rule: str, line: int, detail: str) -> None:
-        self.counts[rule] = self.counts.get(rule, 0) + 1
-        kept = self.examples.setdefault(rule, [])
-        if len(kept) < self.max_examples:
-            kept.append((line, detail))
+_RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}
 
 
-@dataclass(slots=True)
-class _Partial:
-    """What one byte range of a raw file holds (line numbers from 1 at the range start)."""
-
-    lines: int
-    records: int
-    tally: _Tally
-    ids: list[SampleId]
-    id_lines: list[int]
+def failed_rules(mask: int) -> list[str]:
+    """The per-record rules of a :class:`~workbench.columns.Columns` ``failed`` mask."""
+    return [rule for rule, bit in _RULE_BITS.items() if mask & bit]
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,13 +572,13 @@ class _RangeJob:
     max_examples: int
 
 
-def _scan_range(job: _RangeJob) -> _Partial:
+def _scan_range(job: _RangeJob) -> FileScan:
     """Check every record whose line starts in [job.start, job.end); run in a worker.
 
     The last range reads to the end of the file (a torn last line included); another range
     stops inside the block that crosses its end, counting that block's lines up to it.
     """
-    partial = _Partial(0, 0, _Tally(job.max_examples), [], [])
+    part = FileScan(Tally(job.max_examples), end_offset=job.start if job.last else job.end)
     blocks = iter_blocks(job.path, offset=job.start, with_output_ids=True,
                          block_bytes=SCAN_BLOCK_BYTES)
     with paused_gc():
@@ -583,29 +588,59 @@ def _scan_range(job: _RangeJob) -> _Partial:
             lines = block.first_line - 1 + block.lines
             if not job.last and block.end_offset > job.end:
                 lines = block.first_line - 1 + _count_lines(job.path, block.start_offset, job.end)
-            _scan_block(block, lines, job.checker, partial)
-            partial.lines = max(partial.lines, lines)
-    return partial
+            _scan_block(block, lines, job.checker, part)
+            part.lines = max(part.lines, lines)
+            if job.last:
+                part.end_offset = block.end_offset
+    return part
 
 
-def _scan_block(block: Block, lines: int, checker: RecordChecker, partial: _Partial) -> None:
-    """Tally the block's problems and rows up to line `lines` (a torn line after it too)."""
-    add = partial.tally.add
+def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan) -> None:
+    """Tally the block's problems and rows up to line `lines` (a torn line after it too),
+    and add the rows' columns."""
+    add = part.tally.add
     for problem in block.problems:
-        if problem.line <= lines or problem.kind == "torn":
+        if problem.kind == "torn":
+            part.torn = (problem.line, problem.detail)
+        elif problem.line <= lines:
             add(_PROBLEM_RULES[problem.kind], problem.line, problem.detail)
+    if block.lines:
+        part.blocks.append((block.first_line, block.start_offset))
     bad_type = {p.line for p in block.problems if p.kind == "bad_type"}
     rows = [row for row in block.rows if row.line <= lines]
-    partial.records += len(rows)
-    for row, problems in zip(rows, checker.check_rows(rows), strict=True):
+    part.records += len(rows)
+    found, stats = checker._check(rows)
+    for row, problems in zip(rows, found, strict=True):
         if row.layout != "flat":
             add("legacy_layout", row.line, f"{row.layout} layout")
-        if row.sample_id is not None:
-            partial.ids.append(row.sample_id)
-            partial.id_lines.append(row.line)
         for rule, detail in problems:
             if rule != "missing_field" or row.line not in bad_type:
                 add(rule, row.line, detail)
+    _add_columns(part.columns, rows, found, stats.end_first, checker)
+
+
+def _add_columns(
+    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], end_first: list[int],
+    checker: RecordChecker,
+) -> None:
+    columns.line.extend(row.line for row in rows)
+    columns.sample_id.extend(row.sample_id for row in rows)
+    columns.layout.extend(row.layout for row in rows)
+    columns.prompt_tokens.extend(row.prompt_tokens for row in rows)
+    columns.completion_tokens.extend(row.completion_tokens for row in rows)
+    columns.cached_tokens.extend(row.cached_tokens for row in rows)
+    columns.finish_reason.extend(row.finish_reason for row in rows)
+    columns.ts.extend(row.ts for row in rows)
+    columns.e2e_latency.extend(row.e2e_latency for row in rows)
+    columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
+                              for row in rows)
+    for row, first in zip(rows, end_first, strict=True):
+        reasoning, answer, closed = checker.split(row.output_ids, first)
+        columns.reasoning_tokens.append(reasoning)
+        columns.answer_tokens.append(answer)
+        columns.closed.append(closed)
+    bits = _RULE_BITS
+    columns.failed.extend(sum({bits[rule] for rule, _ in problems}) for problems in found)
 
 
 def _count_lines(path: str, start: int, end: int) -> int:
@@ -651,13 +686,14 @@ def _line_start_at_or_after(file: BinaryIO, position: int, size: int) -> int:
     return size
 
 
-def _plan_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
-    """About `parts` byte ranges of path, each starting at a line start."""
+def _plan_ranges(path: Path, parts: int, start: int = 0) -> list[tuple[int, int]]:
+    """About `parts` byte ranges of path from the line start `start`, each at a line start."""
     size = path.stat().st_size
-    parts = max(1, min(parts, size // MIN_RANGE_BYTES))
+    parts = max(1, min(parts, (size - start) // MIN_RANGE_BYTES))
     with open(path, "rb") as file:
-        cuts = sorted({_line_start_at_or_after(file, size * k // parts, size) for k in range(parts)})
-    cuts = [c for c in cuts if c < size] or [0]
+        cuts = sorted({start, *(_line_start_at_or_after(file, start + (size - start) * k // parts,
+                                                        size) for k in range(1, parts))})
+    cuts = [c for c in cuts if c < size] or [start]
     return list(zip(cuts, [*cuts[1:], size], strict=True))  # the last one ends at size
 
 
@@ -666,8 +702,8 @@ def _default_workers() -> int:
 
 
 @contextlib.contextmanager
-def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[_Partial]]:
-    """The jobs' partials, in order, as they finish: computed lazily in this process, or
+def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[FileScan]]:
+    """The jobs' scans, in order, as they finish: computed lazily in this process, or
     started at once in worker processes when that pays (so the caller can work meanwhile)."""
     if workers <= 1 or len(jobs) <= 1 or sum(j.end - j.start for j in jobs) < MIN_RANGE_BYTES:
         yield map(_scan_range, jobs)
@@ -678,47 +714,57 @@ def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[_Parti
         yield pool.map(_scan_range, jobs)
 
 
-def _plan_jobs(
-    files: Sequence[tuple[Path, RecordChecker]], thresholds: Thresholds, workers: int
-) -> tuple[list[_RangeJob], list[int]]:
-    """The range jobs of the raw files, and the index of the file each belongs to."""
+class _File(NamedTuple):
+    """A raw file to scan: its checker, its cache key, and what is known of it already."""
+
+    path: Path
+    checker: RecordChecker
+    key: str
+    known: FileScan
+    offset: int
+    cached: bool
+
+
+def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool) -> _File:
+    """The file with its cached scan (when `cache` and one fits), else an empty one."""
+    if path.exists() and not path.is_file():
+        raise DataError(path, "cannot read: not a regular file")
+    key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples)
+    found = load_cached(path, key) if cache else None
+    if found is None:
+        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False)
+    return _File(path, checker, key, found[0], found[1], True)
+
+
+def _plan_jobs(files: Sequence[_File], workers: int) -> tuple[list[_RangeJob], list[int]]:
+    """The range jobs of what is new in the raw files, and the index of each one's file."""
     jobs: list[_RangeJob] = []
     owners: list[int] = []
-    for index, (path, checker) in enumerate(files):
-        if not path.is_file():
-            if path.exists():
-                raise DataError(path, "cannot read: not a regular file")
+    for index, file in enumerate(files):
+        if not file.path.is_file() or file.path.stat().st_size <= file.offset:
             continue
-        ranges = _plan_ranges(path, workers)
+        ranges = _plan_ranges(file.path, workers, file.offset)
         for number, (start, end) in enumerate(ranges, start=1):
             last = number == len(ranges)
-            jobs.append(_RangeJob(str(path), start, end, last, checker, thresholds.max_examples))
+            jobs.append(_RangeJob(str(file.path), start, end, last, file.checker,
+                                  file.known.tally.max_examples))
             owners.append(index)
     return jobs, owners
 
 
-def _merged(
-    partials: Iterator[_Partial], owners: list[int], files: int, thresholds: Thresholds
-) -> list[_Partial]:
-    """One partial per file (absent files give an empty one)."""
-    merged = [_Partial(0, 0, _Tally(thresholds.max_examples), [], []) for _ in range(files)]
-    for owner, partial in zip(owners, partials, strict=True):
-        _merge(merged[owner], partial)
+def _merged(parts: Iterator[FileScan], owners: list[int], files: Sequence[_File]) -> list[FileScan]:
+    """One scan per file: what was known, then the new parts in order."""
+    merged = [file.known for file in files]
+    for owner, part in zip(owners, parts, strict=True):
+        merged[owner].merge(part)
     return merged
 
 
-def _merge(into: _Partial, part: _Partial) -> None:
-    """Append part (a later range) to into, shifting its line numbers."""
-    base = into.lines
-    into.lines += part.lines
-    into.records += part.records
-    for rule, count in part.tally.counts.items():
-        into.tally.counts[rule] = into.tally.counts.get(rule, 0) + count
-        kept = into.tally.examples.setdefault(rule, [])
-        room = into.tally.max_examples - len(kept)
-        kept.extend((base + line, detail) for line, detail in part.tally.examples[rule][:room])
-    into.ids.extend(part.ids)
-    into.id_lines.extend(base + line for line in part.id_lines)
+def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) -> None:
+    """Cache every scan that read something new (or had no cache yet)."""
+    for index, (file, scan) in enumerate(zip(files, scans, strict=True)):
+        if file.path.is_file() and (index in owners or not file.cached):
+            save_cached(file.path, file.key, scan, scan.end_offset)
 
 
 # --- sample ids: duplicates, missing and orphan responses ------------------------------------
@@ -727,12 +773,12 @@ def _merge(into: _Partial, part: _Partial) -> None:
 @dataclass(slots=True)
 class _Prompts:
     lines: dict[SampleId, int]
-    tally: _Tally
+    tally: Tally
 
 
 def _read_prompt_ids(path: Path, max_examples: int) -> _Prompts:
     """Each prompt's first line; parse problems and repeats tallied (prompts.jsonl lines)."""
-    prompts = _Prompts({}, _Tally(max_examples))
+    prompts = _Prompts({}, Tally(max_examples))
     for block in iter_blocks(path):
         for problem in block.problems:
             prompts.tally.add(_PROBLEM_RULES[problem.kind], problem.line, problem.detail)
@@ -749,12 +795,14 @@ def _read_prompt_ids(path: Path, max_examples: int) -> _Prompts:
 
 
 def _id_findings(
-    partial: _Partial, prompts: _Prompts | None, tally: _Tally, budget_reached: bool = False
+    scan: FileScan, prompts: _Prompts | None, tally: Tally, budget_reached: bool = False
 ) -> None:
     """Duplicate and orphan records into tally; missing responses into the prompts' tally
     (as `unsent_budget` when the dataset's token budget stopped it)."""
     first_line: dict[SampleId, int] = {}
-    for sample_id, line in zip(partial.ids, partial.id_lines, strict=True):
+    for sample_id, line in zip(scan.columns.sample_id, scan.columns.line, strict=True):
+        if sample_id is None:
+            continue
         seen = first_line.setdefault(sample_id, line)
         if seen != line:
             tally.add("duplicate_sample_id", line, f"sample_id {sample_id!r} also at line {seen}")
@@ -773,7 +821,7 @@ def _id_findings(
 
 
 def _findings(
-    tallies: Iterable[tuple[str, _Tally]], records: int, prompts: int | None,
+    tallies: Iterable[tuple[str, Tally]], records: int, prompts: int | None,
     thresholds: Thresholds,
 ) -> list[Finding]:
     """Findings of every rule that fired, errors first."""
@@ -809,21 +857,23 @@ def _read_prompts(ds: DatasetDir, thresholds: Thresholds) -> _Prompts | None:
 
 
 def _dataset_report(
-    partial: _Partial, prompts: _Prompts | None, thresholds: Thresholds, budget_reached: bool = False
+    scan: FileScan, prompts: _Prompts | None, thresholds: Thresholds, budget_reached: bool = False
 ) -> DatasetReport:
-    records = _Tally(thresholds.max_examples)
-    tallies: list[tuple[str, _Tally]] = [(RAW_FILE, partial.tally), (RAW_FILE, records)]
+    records = Tally(thresholds.max_examples)
+    tallies: list[tuple[str, Tally]] = [(RAW_FILE, scan.tally), (RAW_FILE, records)]
+    if scan.torn is not None:
+        records.add("torn_line", *scan.torn)
     if prompts is not None:
         tallies.append((PROMPTS_FILE, prompts.tally))
     else:
-        absent = _Tally(thresholds.max_examples)
+        absent = Tally(thresholds.max_examples)
         absent.add("no_prompts", 0, "file not found: missing and orphan responses not checked")
         tallies.append((PROMPTS_FILE, absent))
-    _id_findings(partial, prompts, records, budget_reached)
+    _id_findings(scan, prompts, records, budget_reached)
     count = len(prompts.lines) if prompts is not None else None
-    findings = _findings(tallies, partial.records, count, thresholds)
+    findings = _findings(tallies, scan.records, count, thresholds)
     ok = not any(f.severity == "error" for f in findings)
-    return DatasetReport(ok, partial.records, count, findings)
+    return DatasetReport(ok, scan.records, count, findings)
 
 
 def _dataset_checker(
@@ -831,6 +881,58 @@ def _dataset_checker(
 ) -> RecordChecker:
     reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
     return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning)
+
+
+@dataclass(frozen=True, slots=True)
+class RunScan:
+    """One scan of a run: its datasets, the model profile, every raw file's
+    :class:`~workbench.columns.FileScan` (by dataset name) and the validation report."""
+
+    run: RunInfo
+    profile: ModelProfile
+    files: dict[str, FileScan]
+    report: ValidationReport
+
+
+def scan_run(
+    out: str | os.PathLike[str],
+    *,
+    model_profile: str | None = None,
+    thresholds: Thresholds | None = None,
+    only: Sequence[str] = (),
+    vocab_size: int | None = None,
+    workers: int | None = None,
+    cache: bool = True,
+) -> RunScan:
+    """Read every raw file of run directory `out` once: validation and per-record columns.
+
+    The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
+    processes check large files (default: the CPU count, at most 16; 1 checks in-process).
+    With `cache`, each file's scan is kept beside it and only bytes appended since are read
+    (see :mod:`workbench.columns`). DataError/ConfigError for bad input (not a run,
+    unreadable run.json, unknown profile).
+    """
+    thresholds = thresholds or Thresholds()
+    run = load_run(out, only)
+    profile = run.profile(model_profile)
+    workers = workers or _default_workers()
+    try:
+        files = [_file(ds.raw_path, _dataset_checker(ds, profile, vocab_size), thresholds, cache)
+                 for ds in run.datasets]
+        jobs, owners = _plan_jobs(files, workers)
+        with _job_runner(jobs, workers) as results:
+            prompts = [_read_prompts(ds, thresholds) for ds in run.datasets]  # while workers scan
+            scans = _merged(results, owners, files)
+        if cache:
+            _save(files, scans, owners)
+    except OSError as exc:
+        raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
+    reports = {ds.name: _dataset_report(scan, prompt, thresholds,
+                                        ds.settings.get("budget_reached") is True)
+               for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
+    report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports)
+    return RunScan(run, profile, {ds.name: scan for ds, scan in zip(run.datasets, scans, strict=True)},
+                   report)
 
 
 def validate_run(
@@ -841,29 +943,12 @@ def validate_run(
     only: Sequence[str] = (),
     vocab_size: int | None = None,
     workers: int | None = None,
+    cache: bool = True,
 ) -> ValidationReport:
-    """Validate every dataset of run directory `out` (see the module docstring for the rules).
-
-    The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
-    processes check large files (default: the CPU count, at most 16; 1 checks in-process).
-    DataError/ConfigError for bad input (not a run, unreadable run.json, unknown profile).
-    """
-    thresholds = thresholds or Thresholds()
-    run = load_run(out, only)
-    profile = run.profile(model_profile)
-    files = [(ds.raw_path, _dataset_checker(ds, profile, vocab_size)) for ds in run.datasets]
-    workers = workers or _default_workers()
-    try:
-        jobs, owners = _plan_jobs(files, thresholds, workers)
-        with _job_runner(jobs, workers) as results:
-            prompts = [_read_prompts(ds, thresholds) for ds in run.datasets]  # while workers scan
-            partials = _merged(results, owners, len(files), thresholds)
-        reports = {ds.name: _dataset_report(partial, prompt, thresholds,
-                                            ds.settings.get("budget_reached") is True)
-                   for ds, partial, prompt in zip(run.datasets, partials, prompts, strict=True)}
-    except OSError as exc:
-        raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
-    return ValidationReport(all(r.ok for r in reports.values()), profile.name, reports)
+    """Validate every dataset of run directory `out` (see the module docstring for the rules
+    and :func:`scan_run` for the arguments)."""
+    return scan_run(out, model_profile=model_profile, thresholds=thresholds, only=only,
+                    vocab_size=vocab_size, workers=workers, cache=cache).report
 
 
 # --- text ------------------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""What one scan of a raw file keeps, and the incremental cache of it beside each dataset.
+
+A scan of ``raw_responses.jsonl`` (see :func:`workbench.validate.scan_run`) keeps, per file, a
+:class:`FileScan`: the validation tallies (counts and first examples of each rule), one
+:class:`Columns` entry per record (the token counts, finish reason, times, the reasoning
+split and the per-record rules failed: what every report figure needs), and a sparse index
+of block offsets to read chosen lines back without reading the file from its start.
+
+The cache stores that scan in ``<dataset>/.workbench-cache/scan-<key>.msgpack`` with the
+raw file's identity (device, inode) and the byte offset read so far (always a line start),
+like the monitor's collector. The next scan of a file that grew reads only the appended
+bytes; a file that shrank, was replaced, or whose last bytes before that offset changed is
+read again from the start. The key covers everything a figure depends on (cache format,
+workbench version, model profile, vocabulary size, reasoning, examples kept), so the
+cache never changes a number. A cache that cannot be read is ignored, one that cannot be
+written is skipped; deleting the cache folder is always safe.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import workbench
+
+__all__ = [
+    "CACHE_DIR",
+    "Columns",
+    "FileScan",
+    "Tally",
+    "cache_key",
+    "load_cached",
+    "save_cached",
+]
+
+CACHE_DIR = ".workbench-cache"
+_FORMAT = 1
+_TAIL_BYTES = 256
+
+SampleId = int | str
+
+
+class Tally(msgspec.Struct):
+    """Counts and the first examples of each rule: (line, detail)."""
+
+    max_examples: int
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    examples: dict[str, list[tuple[int, str]]] = msgspec.field(default_factory=dict)
+
+    def add(self, rule: str, line: int, detail: str) -> None:
+        self.counts[rule] = self.counts.get(rule, 0) + 1
+        kept = self.examples.setdefault(rule, [])
+        if len(kept) < self.max_examples:
+            kept.append((line, detail))
+
+    def merge(self, other: Tally, shift: int) -> None:
+        """Add other's counts, and its examples (lines shifted) while there is room."""
+        for rule, count in other.counts.items():
+            self.counts[rule] = self.counts.get(rule, 0) + count
+            kept = self.examples.setdefault(rule, [])
+            room = self.max_examples - len(kept)
+            kept.extend((shift + line, detail) for line, detail in other.examples[rule][:room])
+
+
+class Columns(msgspec.Struct):
+    """One entry per record, in file order; None where a value cannot be read.
+
+    ``output_len``, ``reasoning_tokens``, ``answer_tokens`` and ``closed`` come from the
+    output ids (None without them; ``closed`` None without reasoning); ``failed`` is a
+    bit mask over :data:`workbench.validate.RECORD_RULES`.
+    """
+
+    line: list[int] = msgspec.field(default_factory=list)
+    sample_id: list[SampleId | None] = msgspec.field(default_factory=list)
+    layout: list[str] = msgspec.field(default_factory=list)
+    prompt_tokens: list[int | None] = msgspec.field(default_factory=list)
+    completion_tokens: list[int | None] = msgspec.field(default_factory=list)
+    cached_tokens: list[int | None] = msgspec.field(default_factory=list)
+    finish_reason: list[str | None] = msgspec.field(default_factory=list)
+    ts: list[float | None] = msgspec.field(default_factory=list)
+    e2e_latency: list[float | None] = msgspec.field(default_factory=list)
+    output_len: list[int | None] = msgspec.field(default_factory=list)
+    reasoning_tokens: list[int | None] = msgspec.field(default_factory=list)
+    answer_tokens: list[int | None] = msgspec.field(default_factory=list)
+    closed: list[bool | None] = msgspec.field(default_factory=list)
+    failed: list[int] = msgspec.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def extend(self, other: Columns, shift: int) -> None:
+        """Append other's entries, their line numbers shifted by shift."""
+        self.line.extend(shift + line for line in other.line)
+        for name in self.__struct_fields__[1:]:
+            getattr(self, name).extend(getattr(other, name))
+
+
+class FileScan(msgspec.Struct):
+    """A scanned part of a raw file: ``lines`` lines (blank and bad ones included) read.
+
+    Line numbers count from 1 at the part's start until parts are merged. ``blocks`` holds
+    (first line, byte offset) of each block read; ``end_offset`` is the byte offset after the
+    last whole line read; ``torn`` the (line, detail) of a last line without newline, which
+    is never cached (it is read again until it is complete).
+    """
+
+    tally: Tally
+    lines: int = 0
+    records: int = 0
+    columns: Columns = msgspec.field(default_factory=Columns)
+    blocks: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    end_offset: int = 0
+    torn: tuple[int, str] | None = None
+
+    def merge(self, part: FileScan) -> None:
+        """Append part (the scan of the bytes after this one's), shifting its line numbers."""
+        base = self.lines
+        self.lines += part.lines
+        self.records += part.records
+        self.tally.merge(part.tally, base)
+        self.columns.extend(part.columns, base)
+        self.blocks.extend((base + line, offset) for line, offset in part.blocks)
+        self.end_offset = part.end_offset
+        self.torn = None if part.torn is None else (base + part.torn[0], part.torn[1])
+
+    def block_at(self, line: int) -> tuple[int, int]:
+        """(byte offset, first line) of the block holding line ((0, 1) before any block)."""
+        index = bisect.bisect_right(self.blocks, (line, 1 << 62)) - 1
+        if index < 0:
+            return 0, 1
+        first, offset = self.blocks[index]
+        return offset, first
+
+
+class _Cached(msgspec.Struct):
+    """One cache file: the raw file's identity, the offset read and the scan up to it."""
+
+    format: int
+    key: str
+    ident: tuple[int, int]
+    offset: int
+    tail: bytes
+    scan: FileScan
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(_Cached)
+
+
+def cache_key(*parts: Any) -> str:
+    """A short digest of the settings a scan depends on (with the format and version)."""
+    text = repr((_FORMAT, workbench.__version__, *parts))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cache_path(raw: Path, key: str) -> Path:
+    return raw.parent / CACHE_DIR / f"scan-{key}.msgpack"
+
+
+def _tail(raw: Path, offset: int) -> bytes:
+    start = max(0, offset - _TAIL_BYTES)
+    with open(raw, "rb") as file:
+        file.seek(start)
+        return file.read(offset - start)
+
+
+def load_cached(raw: Path, key: str) -> tuple[FileScan, int] | None:
+    """(the cached scan of raw, the offset it reached), or None when there is no usable
+    cache: none, unreadable, other settings, or raw shrank or was replaced."""
+    try:
+        cached = _DECODER.decode(_cache_path(raw, key).read_bytes())
+        st = os.stat(raw)
+        same = (
+            cached.format == _FORMAT and cached.key == key
+            and cached.ident == (st.st_dev, st.st_ino) and st.st_size >= cached.offset
+            and _tail(raw, cached.offset) == cached.tail
+        )  # fmt: skip
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return (cached.scan, cached.offset) if same else None
+
+
+def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
+    """Store scan (of raw up to the line start offset) for the next scan; best effort."""
+    path = _cache_path(raw, key)
+    with contextlib.suppress(OSError):
+        st = os.stat(raw)
+        kept = msgspec.structs.replace(scan, torn=None)
+        data = _ENCODER.encode(
+            _Cached(_FORMAT, key, (st.st_dev, st.st_ino), offset, _tail(raw, offset), kept)
+        )
+        path.parent.mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:
+            file.write(data)
+        try:
+            os.replace(file.name, path)
+        except OSError:
+            os.unlink(file.name)
+            raise
