@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test install install-test bench trainers-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,26 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/scan.py
 	$(BIN)/python bench/dispatch.py
+
+# Optional: a demo run's exports loaded by SpecForge's and vLLM speculators' own loaders, in a
+# separate venv (they pull torch; never part of `make test`). Only their data loaders run here,
+# so their GPU-serving dependencies (sglang, flash-attn, vllm) are left out.
+TRAINERS_VENV ?= .venv-trainers
+TRAINERS_OUT ?= outputs/trainers-check
+TRAINERS := specforge==0.2.0 speculators==0.9.0
+TRAINERS_DEPS := torch==2.11.0 transformers==5.8.1 'datasets>=4.0.0,<=5.1.0' accelerate \
+	pydantic pydantic-settings loguru typer rich safetensors tqdm pyyaml psutil numpy httpx \
+	click 'openai>=2.0.0' aiohttp protobuf hs-connectors==0.9.0
+
+$(TRAINERS_VENV)/.installed:
+	$(PYTHON) -m venv $(TRAINERS_VENV)
+	$(TRAINERS_VENV)/bin/pip install $(PIP_FLAGS) $(TRAINERS_DEPS)
+	$(TRAINERS_VENV)/bin/pip install $(PIP_FLAGS) --no-deps $(TRAINERS)
+	touch $@
+
+trainers-check: $(VENV)/.installed-test $(TRAINERS_VENV)/.installed
+	$(BIN)/python scripts/trainers_check.py export $(TRAINERS_OUT)
+	$(TRAINERS_VENV)/bin/python scripts/trainers_check.py load $(TRAINERS_OUT)
 
 clean:
 	rm -rf $(VENV) outputs/demo .pytest_cache
