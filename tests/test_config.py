@@ -63,6 +63,11 @@ def manifest_error(path: Path) -> str:
     return str(info.value)
 
 
+def without_line(message: str) -> str:
+    """The message without the YAML line after the file name (tested on its own)."""
+    return re.sub(r"^(.*?\.yaml):\d+: ", r"\1: ", message)
+
+
 def changed(edit: Any) -> dict[str, Any]:
     """A deep copy of BASE with `edit(copy)` applied."""
     data = copy.deepcopy(BASE)
@@ -277,13 +282,42 @@ BAD_VALUES = [
 @pytest.mark.parametrize(("edit", "expected"), BAD_VALUES, ids=[e for _, e in BAD_VALUES])
 def test_bad_value_names_file_and_key(workdir: Path, edit: Any, expected: str) -> None:
     path = write_manifest(workdir, changed(edit))
-    assert manifest_error(path) == f"{path}: {expected}"
+    message = manifest_error(path)
+    assert re.fullmatch(rf"{re.escape(str(path))}(:\d+)?: {re.escape(expected)}", message), message
+
+
+def test_errors_name_the_yaml_line(workdir: Path) -> None:
+    text = (
+        "model_profile: kimi-k2.5\n"
+        "tokenizer: ../tok\n"
+        "sampling:\n"
+        "  temperature: 1.0\n"
+        "  topp: 0.9\n"
+        "datasets:\n"
+        "  - name: a\n"
+        "    path: ../data/a.jsonl\n"
+        "    input: text\n"
+        "  - name: b\n"
+        "    path: ../data/b.jsonl\n"
+        "    input: messages\n"
+        "    max_samples: many\n"
+    )
+    path = workdir / "params" / "lines.yaml"
+    path.write_text(text)
+    assert manifest_error(path) == (
+        f"{path}:5: sampling.topp: unknown key (known: max_new_tokens, temperature, top_k, top_p)")
+    path.write_text(text.replace("  topp: 0.9\n", ""))
+    assert manifest_error(path) == f"{path}:12: datasets[1].max_samples: expected int, got str"
+    path.write_text(text.replace("  topp: 0.9\n", "").replace("many", "3").replace("b.jsonl", "c.jsonl"))
+    assert manifest_error(path).startswith(f"{path}:10: datasets[1].path: file not found: ")
+    path.write_text(text.replace("  topp: 0.9\n", "").replace("many", "3").replace("    input: text\n", ""))
+    assert manifest_error(path) == f"{path}:6: datasets[0].input: missing required key"
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "", ".hidden", "-x", "a b", "a\n", "x" * 129, "é"])
 def test_unsafe_dataset_names(workdir: Path, name: str) -> None:
     path = write_manifest(workdir, changed(lambda d: d["datasets"][1].update(name=name)))
-    assert manifest_error(path) == (
+    assert without_line(manifest_error(path)) == (
         f"{path}: datasets[1].name: {name!r} is not a safe directory name (letters, digits, "
         "'.', '_' and '-', starting with a letter or digit, at most 128 characters)"
     )
@@ -294,13 +328,13 @@ def test_missing_prompt_file_names_key_and_resolved_path(workdir: Path) -> None:
         workdir, changed(lambda d: d["datasets"][1].update(path="../data/nope.jsonl"))
     )
     resolved = (workdir / "data" / "nope.jsonl").resolve()
-    assert manifest_error(path) == f"{path}: datasets[1].path: file not found: {resolved}"
+    assert without_line(manifest_error(path)) == f"{path}: datasets[1].path: file not found: {resolved}"
 
 
 def test_missing_tokenizer_directory(workdir: Path) -> None:
     path = write_manifest(workdir, changed(lambda d: d["datasets"][0].update(tokenizer="../tok2")))
     resolved = (workdir / "tok2").resolve()
-    assert manifest_error(path) == f"{path}: datasets[0].tokenizer: directory not found: {resolved}"
+    assert without_line(manifest_error(path)) == f"{path}: datasets[0].tokenizer: directory not found: {resolved}"
 
 
 def test_error_carries_key_and_source(workdir: Path) -> None:
@@ -334,7 +368,7 @@ YAML_ERRORS = [
 def test_yaml_level_errors_name_the_file(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(text)
-    assert manifest_error(path) == f"{path}: {expected}"
+    assert without_line(manifest_error(path)) == f"{path}: {expected}"
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -355,6 +389,12 @@ def test_merge_keys_may_override_without_duplicate_error(tmp_path: Path) -> None
     assert loaded.sampling == Sampling(temperature=0.7, top_p=0.9)
 
 
+def load_error(path: Path, struct: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_yaml_params(path, struct)
+    return info.value
+
+
 def test_load_yaml_params_is_generic_and_takes_a_source_name(tmp_path: Path) -> None:
     path = tmp_path / "sampling.yaml"
     path.write_text("temperature: 1\nmax_new_tokens: 64\n")
@@ -363,6 +403,7 @@ def test_load_yaml_params_is_generic_and_takes_a_source_name(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as info:
         load_yaml_params(path, Sampling, source="sampling params")
     assert str(info.value) == "sampling params: temperature: expected float, got str"
+    assert str(load_error(path, Sampling)) == f"{path}:1: temperature: expected float, got str"
 
 
 def test_spec_structs_keep_the_contract_shape() -> None:

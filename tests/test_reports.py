@@ -235,9 +235,9 @@ def test_failing_cell_is_named(run: dict[str, Any], tmp_path: Path) -> None:
 
 def test_unknown_or_mistyped_parameters_name_key_and_file(tmp_path: Path) -> None:
     notebook = NOTEBOOKS / "token_distribution.ipynb"
-    with pytest.raises(ConfigError, match=r"p\.yaml: colour: unknown key \(known: bins, log_axis, "):
+    with pytest.raises(ConfigError, match=r"p\.yaml:\d+: colour: unknown key \(known: bins, log_axis, "):
         load_parameters(notebook, _params(tmp_path, "p", {"colour": "red"}))
-    with pytest.raises(ConfigError, match=r"p\.yaml: bins: expected int, got str"):
+    with pytest.raises(ConfigError, match=r"p\.yaml:\d+: bins: expected int, got str"):
         load_parameters(notebook, _params(tmp_path, "p", {"bins": "many"}))
     with pytest.raises(ConfigError, match=r"^-p: colour: unknown parameter"):
         load_parameters(notebook, None, {"colour": "red"})

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from workbench.runner import Runner, RunSummary
@@ -54,6 +54,23 @@ def _check_out_dir(path: Path) -> None:
         from workbench.errors import ConfigError
 
         raise ConfigError("--out", f"{existing} is a file, not a directory")
+
+
+def _server_url(text: str) -> str:
+    """--server as the client needs it; each fix is said on stderr."""
+    from workbench.client import server_base_url
+
+    url, notices = server_base_url(text)
+    for notice in notices:
+        print(f"workbench: note: {notice}", file=sys.stderr, flush=True)
+    return url
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, naming the verb's --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"workbench: error: {message} (see: {self.prog} --help)\n")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -150,7 +167,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     _check_out_dir(args.out)
     manifest = load_manifest(args.datasets)
-    summary = generate_with_progress(manifest, args.server, args.out, _options_from_args(args))
+    server = _server_url(args.server)
+    summary = generate_with_progress(manifest, server, args.out, _options_from_args(args))
     return 130 if summary.interrupted else 0
 
 
@@ -291,7 +309,8 @@ def _add_monitor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _cmd_monitor(args: argparse.Namespace) -> int:
     from workbench.monitor import run_monitor
 
-    return run_monitor(args.out, server=args.server, interval=args.interval, once=args.once)
+    server = _server_url(args.server) if args.server else None
+    return run_monitor(args.out, server=server, interval=args.interval, once=args.once)
 
 
 # --------------------------------------------------------------------------- validate, export
@@ -466,11 +485,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- main
 def _server_message(exc: Exception) -> str:
-    """The error on one line, naming the URL when the message does not already."""
+    """The error on one line, naming the URL when the message does not already, with a hint
+    where the URL is probably wrong (a 404 on the info paths)."""
     message = " ".join(str(exc).split())
     url = getattr(exc, "url", None)
-    return f"{url}: {message}" if url and url not in message else message
+    message = f"{url}: {message}" if url and url not in message else message
+    if url and getattr(exc, "http_status", None) == 404:
+        message += _not_found_hint(url)
+    return message
 
+
+def _not_found_hint(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    base = parts.path.rsplit("/", 1)[0]
+    if base:
+        return (f" (no SGLang server at {parts.scheme}://{parts.netloc}{base}: the URL should "
+                f"probably be {parts.scheme}://{parts.netloc})")
+    return f" (is {parts.scheme}://{parts.netloc} an SGLang server or sglang-router?)"
 
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
@@ -482,7 +515,7 @@ COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench", description="Generate, watch, report on and tune EAGLE-3 data jobs on SGLang.")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")

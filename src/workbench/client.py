@@ -42,6 +42,7 @@ __all__ = [
     "api_key_from_env",
     "default_transport",
     "redact_url",
+    "server_base_url",
     "request_timeout",
 ]
 
@@ -140,6 +141,25 @@ def redact_url(url: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+_ENDPOINT_SUFFIXES = ("/generate", "/v1")
+
+
+def server_base_url(text: str) -> tuple[str, list[str]]:
+    """The base URL the client needs from what a user typed, and one notice per change: a
+    missing scheme gets ``http://``; a trailing ``/v1`` (the OpenAI-compatible API) or
+    ``/generate`` (an endpoint) is dropped, since the client adds the paths itself."""
+    url, notices = text.strip().rstrip("/"), []
+    if "://" not in url:
+        url = f"http://{url}"
+        notices.append(f"no scheme in {text!r}: using {redact_url(url)}")
+    while url.endswith(_ENDPOINT_SUFFIXES):
+        suffix = next(s for s in _ENDPOINT_SUFFIXES if url.endswith(s))
+        url = url.removesuffix(suffix).rstrip("/")
+        notices.append(f"dropped {suffix} from the server URL: using {redact_url(url)} "
+                       "(the workbench talks to SGLang's native API at the server's root)")
+    return url, notices
 
 
 def _is_secret_key(key: str) -> bool:

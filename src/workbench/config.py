@@ -1,10 +1,11 @@
 """Typed parameters loaded from YAML files (msgspec structs; every error names the key).
 
 `load_yaml_params` turns any YAML mapping into a msgspec struct and reports problems as one
-line naming the file and the key path in the YAML's own spelling:
+line naming the file, the line and the key path in the YAML's own spelling (the line of the
+key, or of the mapping that misses it):
 
-    params/datasets.yaml: datasets[1].max_samples: expected int, got str
-    params/datasets.yaml: sampling.topp: unknown key (known: max_new_tokens, temperature, ...)
+    params/datasets.yaml:21: datasets[1].max_samples: expected int, got str
+    params/datasets.yaml:9: sampling.topp: unknown key (known: max_new_tokens, temperature, ...)
     params/datasets.yaml: invalid YAML at line 7, column 3: mapping values are not allowed here
 
 `load_manifest` loads the dataset manifest of a generation job, checks what the types cannot
@@ -32,7 +33,9 @@ __all__ = [
     "Sampling",
     "SamplingOverride",
     "load_manifest",
+    "key_lines",
     "load_yaml_params",
+    "with_line",
 ]
 
 T = TypeVar("T")
@@ -199,7 +202,57 @@ def load_yaml_params(path: str | Path, struct_type: type[T], *, source: str | No
     try:
         return msgspec.convert(data, struct_type, str_keys=True)
     except msgspec.ValidationError as exc:
-        raise _config_error(str(exc), data, struct_type, source) from None
+        raise with_line(_config_error(str(exc), data, struct_type, source), Path(path)) from None
+
+
+# ------------------------------------------------------------------------ line numbers
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """1-based line of every key path of a YAML text (``datasets[1].max_samples``: the line of
+    the key; ``datasets[1]``: the line where the item starts); empty when it does not parse."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    found: dict[str, int] = {}
+    pending: list[tuple[list[str | int], yaml.Node]] = [([], root)] if root is not None else []
+    while pending:
+        parts, node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    found[_format_path([*parts, key.value])] = key.start_mark.line + 1
+                    pending.append(([*parts, key.value], value))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                found[_format_path([*parts, index])] = item.start_mark.line + 1
+                pending.append(([*parts, index], item))
+    return found
+
+
+def _line_for(key: str, lines: dict[str, int]) -> int | None:
+    """The line of key, else of its nearest parent that is in the file."""
+    parts = _parse_path("." + key)
+    while parts:
+        line = lines.get(_format_path(parts))
+        if line is not None:
+            return line
+        parts = parts[:-1]
+    return None
+
+
+def with_line(error: ConfigError, path: Path) -> ConfigError:
+    """error with the YAML line of its key after the file name (unchanged when the file has
+    no such key or already names a line)."""
+    if not error.key or error.line is not None or error.source != str(path):
+        return error
+    try:
+        lines = key_lines(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return error
+    line = _line_for(error.key, lines)
+    return error if line is None else ConfigError(error.key, error.message, error.source, line)
 
 
 # ------------------------------------------------------------------- msgspec messages
@@ -302,7 +355,15 @@ def _literal_values(struct_type: type, parts: list[str | int]) -> list[str]:
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Load and check a dataset manifest; dataset and tokenizer paths come back absolute."""
+    """Load and check a dataset manifest; dataset and tokenizer paths come back absolute.
+    Errors name the file, the line and the key."""
+    try:
+        return _load_manifest(path)
+    except ConfigError as exc:
+        raise with_line(exc, Path(path)) from None
+
+
+def _load_manifest(path: str | Path) -> Manifest:
     source = str(path)
     raw = load_yaml_params(path, _ManifestFile, source=source)
     base = Path(path).resolve().parent

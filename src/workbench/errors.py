@@ -50,12 +50,15 @@ class InputError(WorkbenchError):
 
 
 class ConfigError(InputError):
-    """A bad parameter: the message starts with the source and the key path."""
+    """A bad parameter: the message starts with the source (and its line) and the key path."""
 
-    def __init__(self, key: str, message: str, source: str | None = None) -> None:
+    def __init__(self, key: str, message: str, source: str | None = None,
+                 line: int | None = None) -> None:
         self.key = key
+        self.message = message
         self.source = source
-        where = f"{source}: " if source else ""
+        self.line = line
+        where = f"{source}:{line}: " if source and line else f"{source}: " if source else ""
         super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}")
 
 
