@@ -406,7 +406,7 @@ def test_run_monitor_once_prints_one_plain_frame(tmp_path: Path) -> None:
         clock=lambda: NOW,
     )
     text = buffer.getvalue()
-    assert code == 0 and "\x1b[" not in text  # plain text, no escape codes
+    assert code == 1 and "\x1b[" not in text  # plain text, no escape codes; exit 1: it alerted
     assert row(text, "A")[:3] == ["A", "running", "13/20"]
     assert [line for line in text.splitlines() if line.startswith("ALERT")] == [
         "ALERT A: completion_tokens missing in 3/13 records (most recent; layout mixed)",

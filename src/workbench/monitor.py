@@ -7,14 +7,18 @@ statuses and :func:`alerts`, :func:`render_frame` and :func:`render_rich` draw t
 
 Dataset status:
 
-    done      records plus failed ids reach the target, or the token budget is reached
+    done      records plus failed ids reach the target
+    budget    the dataset's token budget stopped it before its target
+    stopped   not done, and the generate that wrote the run is gone (its lock on
+              ``OUT/.writer.lock`` is free: see :mod:`workbench.runlock`)
     running   its raw or errors file holds lines and was written within ``stale_after`` s
     stale     it holds lines, was written since the run started (run.json "updated") but not
               within ``stale_after`` s, and the run is active
     idle      anything else: nothing written yet, or written only by an earlier run, or
               the run is not active
 
-The run is active when any file of the run was written within ``stale_after`` seconds,
+The run is active while a generate holds the run's lock; without a lock file (older runs,
+or no ``fcntl``) when any file of the run was written within ``stale_after`` seconds,
 when run.json was written that recently (a run that just started), or when the polled
 server's token or request counters advanced since its baseline reading (up to a minute
 earlier; its gauges keep their last value when it idles, so they are not used).
@@ -41,12 +45,13 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.metrics import MetricsSnapshot, cache_hit_rate, generation_rate, parse_metrics
+from workbench.runlock import writer_alive
 from workbench.stats import (
     DEFAULT_WINDOW,
     DatasetStats,
@@ -75,14 +80,17 @@ __all__ = [
     "alerts",
     "build_state",
     "dataset_status",
+    "fit_columns",
     "render_frame",
     "render_rich",
     "run_is_active",
     "run_monitor",
     "server_line",
+    "stopped_by_budget",
+    "wait_for_run_dir",
 ]
 
-STATUSES = ("running", "done", "idle", "stale")
+STATUSES = ("running", "done", "budget", "stopped", "idle", "stale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +184,7 @@ class MonitorState:
     server: ServerState | None
     alerts: tuple[Alert, ...]
     thresholds: Thresholds
+    writer: bool | None = None
 
     @property
     def now(self) -> float:
@@ -196,12 +205,23 @@ def _run_started(stats: RunStats) -> float | None:
     return float(updated) if isinstance(updated, (int, float)) else None
 
 
-def run_is_active(stats: RunStats, server: ServerState | None, stale_after: float) -> bool:
+def run_is_active(
+    stats: RunStats, server: ServerState | None, stale_after: float, writer: bool | None = None
+) -> bool:
     """Whether a run seems to be going on (see the module docstring)."""
+    if writer is not None:
+        return writer
     recent = [_last_write(d) for d in stats.datasets.values()] + [_run_started(stats)]
     if any(t is not None and stats.now - t <= stale_after for t in recent):
         return True
     return server is not None and server.busy
+
+
+def stopped_by_budget(ds: DatasetStats) -> bool:
+    """The token budget ended the dataset before its target."""
+    budget_spent = ds.max_tokens is not None and ds.completion_tokens >= ds.max_tokens
+    short = ds.target_records is None or ds.records + ds.failed_missing < ds.target_records
+    return ds.finished and budget_spent and short
 
 
 def dataset_status(
@@ -211,10 +231,13 @@ def dataset_status(
     run_active: bool,
     stale_after: float,
     run_started: float | None = None,
+    writer: bool | None = None,
 ) -> str:
-    """running, done, idle or stale (see the module docstring)."""
+    """running, done, budget, stopped, idle or stale (see the module docstring)."""
     if ds.finished:
-        return "done"
+        return "budget" if stopped_by_budget(ds) else "done"
+    if writer is False:
+        return "stopped"
     last = _last_write(ds)
     if last is None or not (ds.records or ds.errors or ds.bad_lines or ds.torn_tail):
         return "idle"
@@ -355,10 +378,14 @@ def alerts(
 
 
 def build_state(
-    stats: RunStats, server: ServerState | None, thresholds: Thresholds = Thresholds()
+    stats: RunStats,
+    server: ServerState | None,
+    thresholds: Thresholds = Thresholds(),
+    writer: bool | None = None,
 ) -> MonitorState:
-    """Statuses and alerts of one frame, from figures only."""
-    active = run_is_active(stats, server, thresholds.stale_after)
+    """Statuses and alerts of one frame, from figures only (`writer`: whether a generate
+    holds the run's lock; None when unknown)."""
+    active = run_is_active(stats, server, thresholds.stale_after, writer)
     started = _run_started(stats)
     statuses = {
         name: dataset_status(
@@ -367,11 +394,12 @@ def build_state(
             run_active=active,
             stale_after=thresholds.stale_after,
             run_started=started,
+            writer=writer,
         )
         for name, ds in stats.datasets.items()
     }
     found = alerts(stats, statuses, server, thresholds)
-    return MonitorState(stats, statuses, active, server, tuple(found), thresholds)
+    return MonitorState(stats, statuses, active, server, tuple(found), thresholds, writer)
 
 
 # --- drawing ---------------------------------------------------------------------------------
@@ -389,6 +417,10 @@ _HEADERS = (
     "ETA",
     "last write",
 )
+# The key columns, always shown whole, then the others by priority while they fit (an
+# average only with its total).
+_KEY_COLUMNS = (0, 1, 2, 8, 9)
+_OPTIONAL_COLUMNS = ((3,), (6, 7), (10,), (4, 5))
 
 
 def _done(ds: DatasetStats) -> str:
@@ -404,6 +436,15 @@ def _tok_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def _eta(ds: DatasetStats, status: str) -> str:
+    """Time left; for a dataset its budget stopped, the tokens against the budget."""
+    if status == "budget":
+        return f"{format_count(ds.completion_tokens)}/{format_count(ds.max_tokens)} tok"
+    if ds.finished:
+        return "done"
+    return "-" if status == "stopped" else format_duration(ds.eta_s)
+
+
 def _row(ds: DatasetStats, status: str, now: float) -> list[str]:
     return [
         ds.name,
@@ -415,17 +456,43 @@ def _row(ds: DatasetStats, status: str, now: float) -> list[str]:
         format_count(ds.completion_tokens),
         format_count(ds.avg_completion_tokens),
         _tok_rate(ds.tokens_per_s),
-        "done" if ds.finished else format_duration(ds.eta_s),
+        _eta(ds, status),
         _ago(now, ds.last_write),
     ]
+
+
+def _total_status(state: MonitorState) -> str:
+    if state.stats.total.finished:
+        return "done"
+    if state.writer is False:
+        return "stopped"
+    return "active" if state.run_active else "inactive"
 
 
 def _rows(state: MonitorState) -> list[list[str]]:
     stats = state.stats
     rows = [_row(ds, state.statuses[name], stats.now) for name, ds in stats.datasets.items()]
-    total_status = "active" if state.run_active else "inactive"
-    rows.append(_row(stats.total, total_status, stats.now))
+    rows.append(_row(stats.total, _total_status(state), stats.now))
     return rows
+
+
+def fit_columns(widths: list[int], width: int | None, gap: int) -> list[int]:
+    """The columns to show, in table order: the key columns always, then the others by
+    priority while the table (each column's widest cell plus `gap`) fits in `width`."""
+    if width is None:
+        return list(range(len(widths)))
+    chosen = list(_KEY_COLUMNS)
+    used = sum(widths[i] + gap for i in chosen)
+    for group in _OPTIONAL_COLUMNS:
+        needed = sum(widths[i] + gap for i in group)
+        if used + needed <= width:
+            chosen += group
+            used += needed
+    return sorted(chosen)
+
+
+def _column_widths(rows: list[list[str]]) -> list[int]:
+    return [max(len(cell) for cell in column) for column in zip(_HEADERS, *rows, strict=False)]
 
 
 def _header(state: MonitorState) -> str:
@@ -500,33 +567,40 @@ def _info_text(info: Mapping[str, Any]) -> str:
     return "/server_info: " + (", ".join(parts) if parts else "no load figures")
 
 
-def render_frame(state: MonitorState) -> str:
-    """One frame as plain text: header, table, server line, then the alerts."""
-    lines = [_header(state), format_table(_HEADERS, _rows(state), left=2), server_line(state)]
+def render_frame(state: MonitorState, width: int | None = None) -> str:
+    """One frame as plain text: header, table, server line, then the alerts. With `width`,
+    the table keeps the columns that fit (never cutting a value)."""
+    rows = _rows(state)
+    keep = fit_columns(_column_widths(rows), width, gap=2)
+    table = format_table([_HEADERS[i] for i in keep], [[r[i] for i in keep] for r in rows], left=2)
+    lines = [_header(state), table, server_line(state)]
     lines += worker_lines(state)
     lines += [str(alert) for alert in state.alerts] or ["no alerts"]
     return "\n".join(lines)
 
 
-_STATUS_STYLES = {"running": "green", "done": "cyan", "idle": "dim", "stale": "bold red"}
+_STATUS_STYLES = {"running": "green", "done": "cyan", "budget": "cyan", "stopped": "yellow",
+                  "idle": "dim", "stale": "bold red"}
 
 
-def render_rich(state: MonitorState) -> RenderableType:
-    """The same frame as a rich renderable (a table with colours)."""
+def render_rich(state: MonitorState, width: int | None = None) -> RenderableType:
+    """The same frame as a rich renderable (a table with colours), fitted to `width`."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=_header(state), title_justify="left", expand=False)
-    for index, name in enumerate(_HEADERS):
-        table.add_column(name, justify="left" if index < 2 else "right", no_wrap=True)
     rows = _rows(state)
-    for index, row in enumerate(rows):
-        last = index == len(rows) - 1
-        cells = [
-            Text(c, style=_STATUS_STYLES.get(c, "") if i == 1 else "") for i, c in enumerate(row)
-        ]
-        table.add_row(*cells, end_section=index == len(rows) - 2, style="bold" if last else None)
+    keep = fit_columns(_column_widths(rows), width, gap=3)
+    table = Table(title=_header(state), title_justify="left", expand=False, box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False)
+    for index in keep:
+        table.add_column(_HEADERS[index], justify="left" if index < 2 else "right", no_wrap=index > 0,
+                         overflow="fold", min_width=len(_HEADERS[index]) if index == 0 else None)
+    for number, row in enumerate(rows):
+        last = number == len(rows) - 1
+        cells = [Text(row[i], style=_STATUS_STYLES.get(row[i], "") if i == 1 else "") for i in keep]
+        table.add_row(*cells, end_section=number == len(rows) - 2, style="bold" if last else None)
     lines: list[RenderableType] = [table, Text(server_line(state))]
     lines += [Text(line) for line in worker_lines(state)]
     lines += [Text(str(alert), style="bold red") for alert in state.alerts] or [
@@ -588,7 +662,7 @@ class Monitor:
         now = self.clock()
         stats = self.collector.refresh(now)
         server = await self.poll_server(now) if self.client is not None else None
-        return build_state(stats, server, self.thresholds)
+        return build_state(stats, server, self.thresholds, writer_alive(stats.out))
 
     async def poll_server(self, now: float) -> ServerState:
         """Read /metrics (or /server_info when metrics are off); failures become the state."""
@@ -670,21 +744,43 @@ def _client(server: str, transport: httpx.AsyncBaseTransport | None) -> SGLangCl
     )
 
 
-async def _watch(monitor: Monitor, console: Console, interval: float | None, live: bool) -> None:
-    """One frame (interval None), frames as text, or a live dashboard, until interrupted."""
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def _frame_width(console: Console) -> int | None:
+    """The width to fit frames to: the terminal's; none when writing to a file or pipe."""
+    return console.width if console.is_terminal else None
+
+
+async def _watch(
+    monitor: Monitor, console: Console, interval: float | None, live: bool, sleep: Sleep
+) -> MonitorState:
+    """One frame (interval None; returns its state), frames as text, or a live dashboard,
+    until interrupted."""
     if interval is None:
-        console.out(render_frame(await monitor.poll()), highlight=False)
-        return
+        state = await monitor.poll()
+        console.out(render_frame(state, _frame_width(console)), highlight=False)
+        return state
     if not live:
         while True:
-            console.out(render_frame(await monitor.poll()) + "\n", highlight=False)
-            await asyncio.sleep(interval)
+            frame = render_frame(await monitor.poll(), _frame_width(console))
+            console.out(frame + "\n", highlight=False)
+            await sleep(interval)
     from rich.live import Live
 
     with Live(console=console, auto_refresh=False, transient=False) as view:
         while True:
-            view.update(render_rich(await monitor.poll()), refresh=True)
-            await asyncio.sleep(interval)
+            view.update(render_rich(await monitor.poll(), console.width), refresh=True)
+            await sleep(interval)
+
+
+async def wait_for_run_dir(out: Path, interval: float, sleep: Sleep, say: Callable[[str], None]) -> None:
+    """Return once out exists (generate creates it after its preflight), saying so once."""
+    if out.exists():
+        return
+    say(f"waiting for {out} to appear (generate creates it once the server answered) ...")
+    while not out.exists():
+        await sleep(interval)
 
 
 async def _monitor(
@@ -696,12 +792,16 @@ async def _monitor(
     transport: httpx.AsyncBaseTransport | None,
     clock: Callable[[], float],
     thresholds: Thresholds,
-) -> None:
+    sleep: Sleep,
+) -> MonitorState | None:
+    if interval is not None:
+        await wait_for_run_dir(out, interval, sleep, lambda m: console.out(m, highlight=False))
+    check_run_dir(out, need_datasets=False)
     client = _client(server, transport) if server else None
     monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds,
                       worker_client=lambda url: _client(url, transport))
     try:
-        await _watch(monitor, console, interval, live)
+        return await _watch(monitor, console, interval, live, sleep)
     finally:
         await monitor.aclose()
         if client is not None:
@@ -718,12 +818,14 @@ def run_monitor(
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.time,
     thresholds: Thresholds = Thresholds(),
+    sleep: Sleep = asyncio.sleep,
 ) -> int:
     """``workbench monitor``: a live dashboard on a terminal, else plain-text frames.
 
-    ``once`` prints one frame and returns. Without a terminal, no ``interval`` means once;
-    with one, a frame every ``interval`` seconds (2 by default on a terminal). Returns 0,
-    also when stopped with Ctrl-C; a bad directory raises InputError.
+    ``once`` prints one frame and returns 1 when it raised an alert, else 0. Without a
+    terminal, no ``interval`` means once; with one, a frame every ``interval`` seconds (2 by
+    default on a terminal), fitted to the terminal's width, until Ctrl-C (then 0); a run
+    directory that does not exist yet is waited for. A bad directory raises InputError.
     """
     from rich.console import Console
 
@@ -737,7 +839,10 @@ def run_monitor(
         every = None
     else:
         every = interval if interval is not None else 2.0
-    check_run_dir(out, need_datasets=False)
+    if every is None:
+        check_run_dir(out, need_datasets=False)
+    state = None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_monitor(Path(out), server, every, live, console, transport, clock, thresholds))
-    return 0
+        state = asyncio.run(
+            _monitor(Path(out), server, every, live, console, transport, clock, thresholds, sleep))
+    return 1 if every is None and state is not None and state.alerts else 0

@@ -59,6 +59,7 @@ from workbench.records import (
     iter_blocks,
     repair_torn_tail,
 )
+from workbench.runlock import hold_run_lock
 from workbench.stats import format_duration
 
 __all__ = [
@@ -725,7 +726,9 @@ async def run_generation(
     first = runner.first_prompt()
     if options.preflight and first is not None:
         await preflight(client, first)
-    runner.open(server_info, model_info)
-    if on_start is not None:
-        on_start(runner)
-    return await runner.run()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with hold_run_lock(out):  # held while writing: a second writer is refused, the monitor sees it
+        runner.open(server_info, model_info)
+        if on_start is not None:
+            on_start(runner)
+        return await runner.run()

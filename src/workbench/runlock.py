@@ -1,0 +1,75 @@
+"""The writer's lock on a run directory: who is generating into it right now.
+
+`workbench generate` holds an exclusive advisory lock (``flock``) on ``OUT/.writer.lock``
+for as long as it writes; the kernel drops it when the process ends, however it ends
+(Ctrl-C, SIGKILL, a crash). So a second generate into the same folder is refused, and the
+monitor tells a run in progress from one whose writer is gone without guessing from file
+times. Where ``fcntl`` is missing (Windows) nothing is locked and the writer is unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from workbench.errors import InputError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOCK_FILE", "hold_run_lock", "writer_alive"]
+
+LOCK_FILE = ".writer.lock"
+
+
+def _try_lock(handle: IO[str], mode: int) -> bool:
+    assert fcntl is not None
+    try:
+        fcntl.flock(handle.fileno(), mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def hold_run_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the writer's lock on out (which must exist) for the block; InputError naming the
+    other writer's pid when it is held already."""
+    path = Path(out) / LOCK_FILE
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "a+", encoding="utf-8") as handle:
+        if not _try_lock(handle, fcntl.LOCK_EX):
+            handle.seek(0)
+            pid = handle.read().strip() or "?"
+            raise InputError(f"{out}: another workbench generate (pid {pid}) is writing this run")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def writer_alive(out: str | os.PathLike[str]) -> bool | None:
+    """True while a generate holds out's lock, False once it is gone, None when unknown (no
+    lock file: a run written before the lock existed, or no fcntl)."""
+    path = Path(out) / LOCK_FILE
+    if fcntl is None or not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if not _try_lock(handle, fcntl.LOCK_SH):
+                return True
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return None
