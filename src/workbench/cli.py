@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from workbench.runner import Runner, RunSummary
+    from workbench.runner import DatasetProgress, Runner, RunSummary
 
 __all__ = ["main"]
 
@@ -169,7 +169,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.datasets)
     server = _server_url(args.server)
     summary = generate_with_progress(manifest, server, args.out, _options_from_args(args))
-    return 130 if summary.interrupted else 0
+    return generate_exit_code(summary)
+
+
+def generate_exit_code(summary: RunSummary) -> int:
+    """130 when stopped, 1 when prompts failed after all their attempts, else 0."""
+    if summary.interrupted:
+        return 130
+    return 1 if summary.failed else 0
 
 
 def _install_stop_signals(runner: Runner) -> None:
@@ -190,7 +197,7 @@ def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) 
     from workbench.client import SGLangClient, api_key_from_env, request_timeout
     from workbench.runner import run_generation
 
-    view = _progress_view()
+    view = _progress_view(out)
     timeout = request_timeout(options.request_timeout)
 
     async def go() -> RunSummary:
@@ -205,19 +212,43 @@ def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) 
         summary = asyncio.run(go())
     finally:
         view.stop()
-    _print_summary(summary, out)
+    for line in summary_lines(summary, out):
+        print(line, flush=True)
     return summary
+
+
+def resume_line(out: Path, progress: Sequence[DatasetProgress]) -> str | None:
+    """`resuming OUT: 208/800 done, 592 to send` when earlier runs wrote records, else None."""
+    done = sum(p.done for p in progress)
+    if done == 0:
+        return None
+    target = sum(p.target for p in progress)
+    return f"resuming {out}: {done:,}/{target:,} done, {max(0, target - done):,} to send"
+
+
+def _rerun_command() -> str:
+    """This very command, as a resume runs it (without --no-resume)."""
+    import shlex
+
+    return shlex.join(["workbench", *(a for a in sys.argv[1:] if a != "--no-resume")])
 
 
 class _LineView:
     """Progress as plain lines: one per active dataset every interval (logs, CI, pipes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Path) -> None:
+        self.out = out
         self.reported_done: set[str] = set()
 
     def start(self, runner: Runner) -> None:
+        self.say_resume(runner)
         names = ", ".join(f"{p.name} ({p.done}/{p.target} done)" for p in runner.progress())
         print(f"generating {names}", flush=True)
+
+    def say_resume(self, runner: Runner) -> None:
+        line = resume_line(self.out, runner.progress())
+        if line is not None:
+            self.event(line)
 
     def update(self, runner: Runner) -> None:
         from workbench.runner import format_progress_line
@@ -236,47 +267,86 @@ class _LineView:
         pass
 
 
-class _RichView(_LineView):
-    """Progress bars on a terminal, one per dataset, with the same line as a description."""
+def progress_fields(p: DatasetProgress) -> str:
+    """The short figures next to a dataset's bar: errors, tok/s and ETA (or how it ended)."""
+    from workbench.stats import format_duration
 
-    def __init__(self) -> None:
+    rate = p.tokens_this_run / p.elapsed()
+    if p.budget_reached:
+        end = "budget reached"
+    elif p.finished is not None:
+        end = "done"
+    else:
+        end = f"ETA {format_duration(p.eta_seconds())}"
+    return f"{p.errors} err {rate:,.0f} tok/s {end}"
+
+
+class _RichView(_LineView):
+    """Progress bars on a terminal, one per dataset: name, bar, done/target and the short
+    figures; the bar takes the width the others leave (readable at 80 columns)."""
+
+    def __init__(self, out: Path, console: Any = None) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        super().__init__()
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        super().__init__(out)
+        self.bar = BarColumn(bar_width=10)
+        self.progress = Progress(TextColumn("{task.description}"), self.bar, MofNCompleteColumn(),
+                                 TextColumn("{task.fields[figures]}"), console=console)
         self.tasks: dict[str, Any] = {}
 
     def start(self, runner: Runner) -> None:
-        for p in runner.progress():
-            self.tasks[p.name] = self.progress.add_task(p.name, total=p.target, completed=p.done)
+        self.say_resume(runner)
+        progress = runner.progress()
+        for p in progress:
+            self.tasks[p.name] = self.progress.add_task(p.name, total=p.target, completed=p.done,
+                                                        figures=progress_fields(p))
+        self.bar.bar_width = self._bar_width(progress)
         self.progress.start()
 
-    def update(self, runner: Runner) -> None:
-        from workbench.runner import format_progress_line
+    def _bar_width(self, progress: Sequence[DatasetProgress]) -> int:
+        """What the console's width leaves after the name, count and figures (10 to 40)."""
+        name = max((len(p.name) for p in progress), default=0)
+        count = max((2 * len(str(p.target)) + 1 for p in progress), default=3)
+        figures = len("999 err 99,999 tok/s ETA 99.9h")
+        spare = self.progress.console.width - name - count - figures - 3
+        return max(10, min(40, spare))
 
+    def update(self, runner: Runner) -> None:
         for p in runner.progress():
-            self.progress.update(self.tasks[p.name], completed=p.done, description=format_progress_line(p))
+            self.progress.update(self.tasks[p.name], completed=p.done, figures=progress_fields(p))
 
     def event(self, message: str) -> None:
-        self.progress.console.print(message)
+        self.progress.console.print(message, highlight=False, markup=False)
 
     def stop(self) -> None:
         self.progress.stop()
 
 
-def _progress_view() -> _LineView:
-    return _RichView() if sys.stdout.isatty() else _LineView()
+def _progress_view(out: Path) -> _LineView:
+    return _RichView(out) if sys.stdout.isatty() else _LineView(out)
 
 
-def _print_summary(summary: RunSummary, out: Path) -> None:
+def summary_lines(summary: RunSummary, out: Path) -> list[str]:
+    """The closing summary: per dataset, the failed ones named, and after a stop the dropped
+    requests and the command that resumes."""
     from workbench.stats import format_duration
 
     state = "interrupted" if summary.interrupted else "finished"
-    print(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; output in {out}")
+    lines = [f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; "
+             f"output in {out}"]
     for p in summary.datasets.values():
         extra = f", budget {p.max_tokens} tokens (overshoot {p.overshoot})" if p.max_tokens else ""
-        print(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
-              f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion tokens{extra}")
+        lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
+                     f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion "
+                     f"tokens{extra}")
+    failed = [p for p in summary.datasets.values() if p.failed_ids]
+    if failed:
+        named = ", ".join(f"{p.name} ({p.failed_ids}, see {out / p.name / 'errors.jsonl'})" for p in failed)
+        lines.append(f"failed after all attempts: {named}; rerun the same command to retry them")
+    if summary.interrupted:
+        lines.append(f"stopped: {summary.dropped} in-flight requests dropped (sent again on resume); "
+                     f"to resume, run: {_rerun_command()}")
+    return lines
 
 
 # --------------------------------------------------------------------------- stats, monitor
@@ -480,7 +550,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     datasets = args.datasets if args.datasets is not None else data_dir("params") / "datasets.demo.yaml"
     summary = run_demo(args.out, datasets=datasets, resume=not args.no_resume,
                        generate=generate_with_progress, say=lambda m: print(m, flush=True))
-    return 130 if summary.interrupted else 0
+    return generate_exit_code(summary)
 
 
 # --------------------------------------------------------------------------- main

@@ -149,6 +149,7 @@ class RunSummary:
     interrupted: bool
     wall_seconds: float
     retries: int
+    dropped: int = 0  # requests in flight when the run stopped, whose prompts a resume sends again
 
     @property
     def failed(self) -> int:
@@ -305,6 +306,7 @@ class Runner:
         self.on_event = on_event or (lambda message: None)
         self.datasets: dict[str, _Dataset] = {}
         self.retries = 0
+        self.dropped = 0
         self._rng = random.Random(options.seed)
         self._stop = asyncio.Event()
         self.stop_requests = 0
@@ -479,6 +481,7 @@ class Runner:
         return RunSummary(
             datasets={name: ds.progress for name, ds in self.datasets.items()},
             interrupted=self.stopping, wall_seconds=time.perf_counter() - started, retries=self.retries,
+            dropped=self.dropped,
         )
 
     def _queue(self, *, long: bool) -> list[tuple[_Dataset, Prompt]]:
@@ -575,6 +578,7 @@ class Runner:
     async def _work(self, ds: _Dataset, prompt: Prompt, long: bool) -> None:
         """Send one prompt, retrying retryable failures; holds a slot only while a request runs."""
         holding = True
+        settled = False  # recorded, or failed for good; else dropped by a stop
         try:
             for attempt in range(1, self.options.max_attempts + 1):
                 if attempt > 1:
@@ -589,15 +593,18 @@ class Runner:
                     return
                 error = await self._attempt(ds, prompt, attempt)
                 if error is None:
+                    settled = True
                     return
                 self._release(long)
                 holding = False
                 if not error.retryable or attempt == self.options.max_attempts:
                     ds.progress.failed_ids += 1
+                    settled = True
                     return
                 self.retries += 1
         finally:
             ds.progress.in_flight -= 1
+            self.dropped += not settled
             if holding:
                 self._release(long)
             for wakeup in self._wakeups:

@@ -1,0 +1,114 @@
+"""What `workbench generate` says: bars readable at 80 columns, the resume line first, the
+stop line with the dropped requests and the command that resumes, and exit codes that
+scripts can trust (1 when prompts failed after all their attempts)."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import EXAMPLES, workbench, write_manifest
+from rich.console import Console
+
+from workbench.cli import _RichView, generate_exit_code, resume_line, summary_lines
+from workbench.launch import ServerProcess
+from workbench.runner import DatasetProgress, RunSummary
+
+
+def progress(name: str, target: int, done: int, **more: int) -> DatasetProgress:
+    p = DatasetProgress(name=name, target=target, done=done, **more)
+    p.started = time.perf_counter() - 100.0
+    return p
+
+
+def fake_runner(*items: DatasetProgress) -> SimpleNamespace:
+    return SimpleNamespace(progress=lambda: list(items))
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_bars_stay_readable(width: int) -> None:
+    console = Console(file=io.StringIO(), width=width, height=24, force_terminal=True, color_system=None)
+    view = _RichView(Path("out"), console=console)
+    items = [progress("B1_glaive", 10000, 201, done_this_run=1, tokens_this_run=23800, errors=3),
+             progress("B3_pretok", 300, 300, done_this_run=300, tokens_this_run=600)]
+    items[1].finished = time.perf_counter()
+    view.start(fake_runner(*items))
+    view.stop()
+    console.print(view.progress.get_renderable())
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", console.file.getvalue())  # type: ignore[attr-defined]
+    assert text.splitlines()[0] == "resuming out: 501/10,300 done, 9,799 to send"
+    line = next(line for line in text.splitlines()[1:] if line.startswith("B1_glaive"))
+    assert "…" not in text and len(line) <= width
+    assert re.search(r"201/10000 +3 err 238 tok/s ETA \d", line), line
+    bar = re.search(r"B1_glaive (.+) 201/10000", line)
+    assert bar is not None and len(bar.group(1)) >= 10  # a bar, not three characters
+    assert re.search(r"B3_pretok .* 300/300 +0 err 6 tok/s done", text)
+
+
+def test_no_resume_line_on_a_fresh_run() -> None:
+    assert resume_line(Path("o"), [progress("a", 10, 0)]) is None
+    assert resume_line(Path("o"), [progress("a", 300, 208), progress("b", 500, 0)]) == (
+        "resuming o: 208/800 done, 592 to send")
+
+
+def summary(interrupted: bool, failed: int = 0, dropped: int = 0) -> RunSummary:
+    return RunSummary({"a": progress("a", 10, 10 - failed, failed_ids=failed)}, interrupted,
+                      3.0, 0, dropped=dropped)
+
+
+def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["workbench", "generate", "--out", "o dir", "--no-resume"])
+    assert generate_exit_code(summary(False)) == 0
+    assert generate_exit_code(summary(False, failed=2)) == 1
+    assert generate_exit_code(summary(True, failed=2)) == 130
+    assert summary_lines(summary(False, failed=2), Path("o"))[-1] == (
+        "failed after all attempts: a (2, see o/a/errors.jsonl); rerun the same command to retry them")
+    assert summary_lines(summary(True, dropped=7), Path("o"))[-1] == (
+        "stopped: 7 in-flight requests dropped (sent again on resume); "
+        "to resume, run: workbench generate --out 'o dir'")
+
+
+@pytest.mark.integration
+def test_failed_prompts_exit_1_and_are_named(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
+    server = start_sim(fault_error_rate=0.5, fault_seed=1)
+    manifest = write_manifest(tmp_path, [{"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"),
+                                          "input": "input_ids", "max_samples": 20}])
+    done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
+                     "--out", str(tmp_path / "out"), "--max-attempts", "1")
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"failed after all attempts: ids \(\d+, see .*ids/errors.jsonl\)", done.stdout)
+
+
+@pytest.mark.integration
+def test_stop_then_resume_say_so(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
+    server = start_sim(speed=0.3)
+    manifest = write_manifest(tmp_path, [{"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"),
+                                          "input": "input_ids"}])
+    out = tmp_path / "out"
+    argv = ["generate", "--datasets", str(manifest), "--server", server.url, "--out", str(out),
+            "--concurrency", "16", "--grace-period", "0.01"]
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    raw = out / "ids" / "raw_responses.jsonl"
+    deadline = time.monotonic() + 60
+    while (not raw.exists() or raw.read_bytes().count(b"\n") < 5) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    stop = stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"stopped: (\d+) in-flight requests dropped \(sent again on resume\); "
+                         r"to resume, run: workbench generate .*", stop)
+    assert match and int(match.group(1)) > 0, stop
+    written = raw.read_bytes().count(b"\n")
+    again = workbench(*argv)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == f"resuming {out}: {written}/300 done, {300 - written} to send"
