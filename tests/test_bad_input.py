@@ -552,7 +552,7 @@ def test_bad_record_lines_are_findings_named_by_line(env: Env) -> None:
 @pytest.mark.parametrize("role", ["unreachable", "html_502", "html_200", "not_sglang"])
 def test_monitor_shows_a_bad_server_as_an_alert(env: Env, role: str) -> None:
     done = workbench("monitor", str(env.run), "--once", "--server", env.servers[role])
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # 1: it alerted
     alert = next(line for line in done.stdout.splitlines() if line.startswith("ALERT server"))
     assert env.servers[role] in alert
 
