@@ -62,7 +62,7 @@ async def test_generate_with_input_ids(client: httpx.AsyncClient) -> None:
         client,
         input_ids=ids(10),
         rid="r1",
-        sampling_params={"max_new_tokens": 5000, "temperature": 0.0, "unknown_knob": 3},
+        sampling_params={"max_new_tokens": 5000, "temperature": 0.0},
     )
     assert response.status_code == 200
     reply = response.json()
@@ -160,29 +160,77 @@ async def test_batch_streams_carry_an_index(client: httpx.AsyncClient) -> None:
     assert sorted(chunk["index"] for chunk in finals) == [0, 1]
 
 
+def error_message(response: httpx.Response) -> str:
+    """SGLang's two 400 bodies: `{"error": "<contract text>"}` (http_server `generate_request`,
+    the api_types.py contract) and `{"error": {"message": ...}}` (`_create_error_response`)."""
+    error = response.json()["error"]
+    return error if isinstance(error, str) else error["message"]
+
+
+# (body, contract error?, text) written from SGLang 0.5.23: sglang/api/v1/api_types.py
+# (decode_GenerateRequest, decode_SamplingParams), srt/sampling/sampling_params.py (verify),
+# srt/managers/io_struct.py and tokenizer_manager.py (input checks).
+BAD_REQUESTS = [
+    ({"input_ids": ids(40_000)}, False, "exceeds the maximum allowed length"),
+    ({"input_ids": ids(100), "sampling_params": {"max_new_tokens": 32_700}}, False, "context length"),
+    ({"text": "a", "input_ids": [1]}, False, "Either text or input_ids should be provided."),
+    ({}, False, "Either text or input_ids should be provided."),
+    ({"input_ids": []}, False, "The input is empty."),
+    ({"input_ids": [1, "2"]}, True, "invalid type"),
+    ({"input_ids": [10**9]}, False, "input_ids must be in"),
+    ({"input_ids": [1], "sampling_params": {"temperature": -1}}, False,
+     "temperature must be a non-negative finite number, got -1.0."),
+    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, False, "top_p must be in (0, 1], got 0.0."),
+    ({"input_ids": [1], "sampling_params": {"top_k": 0}}, False,
+     "top_k must be -1 (disable) or at least 1, got 0."),
+    ({"input_ids": [1], "sampling_params": {"min_p": 2}}, False, "min_p must be in [0, 1], got 2.0."),
+    ({"input_ids": [1], "sampling_params": {"presence_penalty": 3}}, False,
+     "presence_penalty must be in [-2, 2], got 3.0."),
+    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 0}}, False,
+     "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0.0."),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 5}}, False,
+     "min_new_tokens must be in [0, max_new_tokens(4)], got 5."),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, False,
+     "max_new_tokens must be at least 0, got -1."),
+    ({"input_ids": [1], "sampling_params": {"regex": "a", "ebnf": "b"}}, False,
+     "Only one of json_schema, regex, ebnf, or structural_tag can be set."),
+    ({"input_ids": [1], "sampling_params": {"logit_bias": {"999999999": 1.0}}}, False,
+     "logit_bias must has keys in [0, 163839], got 999999999."),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 1.5}}, True,
+     "invalid type: floating point `1.5`, expected i64"),
+    ({"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, True,
+     'invalid type: string "yes", expected a boolean'),
+    ({"input_ids": [1], "sampling_params": {"stop": 3}}, True,
+     "invalid type: integer `3`, expected a value or an array of values for StringOrList"),
+    ({"input_ids": [1], "sampling_params": {"stop_token_ids": [1.5]}}, True,
+     "invalid type: floating point `1.5`, expected i64"),
+    ({"input_ids": [1], "sampling_params": {"unknown_knob": 3}}, True, (
+     "unknown field `unknown_knob`, expected one of `max_new_tokens`, `stop`, "
+     "`stop_token_ids`, `stop_regex`, `temperature`, `top_p`, `top_k`, `min_p`, "
+     "`frequency_penalty`, `presence_penalty`, `repetition_penalty`, `min_new_tokens`, `n`, "
+     "`json_schema`, `regex`, `ebnf`, `structural_tag`, `ignore_eos`, `skip_special_tokens`, "
+     "`spaces_between_special_tokens`, `no_stop_trim`, `stream_interval`, `logit_bias`, "
+     "`sampling_seed`, `custom_params`, `beam_width`, `watermark`, `choice`")),
+    ({"input_ids": [1], "sampling_params": [{"n": 1}]}, True, "invalid type"),
+    ({"input_ids": [[1], [2]], "sampling_params": [{"n": 1}, {"n": 2}]}, False,
+     "The parallel_sample_num should be the same for all samples in sample params."),
+    ({"input_ids": [1], "return_logprob": True, "logprob_start_len": 5}, False,
+     "Please use a smaller logprob_start_len."),
+    ({"input_ids": [[1], [2]], "rid": ["only-one"]}, False, "rid has 1 entries"),
+    ({"input_ids": [1], "stream": "yes"}, True, 'invalid type: string "yes", expected a boolean'),
+    ([1, 2], True, "invalid type: sequence, expected struct GenerateRequest"),
+]
+
+
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    ("body", "needle"),
-    [
-        ({"input_ids": ids(40_000)}, "exceeds the maximum allowed length"),
-        ({"input_ids": ids(100), "sampling_params": {"max_new_tokens": 32_700}}, "context length"),
-        ({"text": "a", "input_ids": [1]}, "Either text or input_ids"),
-        ({}, "Either text or input_ids"),
-        ({"input_ids": []}, "empty"),
-        ({"input_ids": [1, "2"]}, "integers"),
-        ({"input_ids": [10**9]}, "input_ids must be in"),
-        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
-        ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
-        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 1.5}}, "max_new_tokens"),
-        ({"input_ids": [[1], [2]], "rid": ["only-one"]}, "rid has 1 entries"),
-        ({"input_ids": [1], "stream": "yes"}, "stream"),
-        ([1, 2], "JSON object"),
-    ],
-)
-async def test_bad_requests_are_400(client: httpx.AsyncClient, body: Any, needle: str) -> None:
+@pytest.mark.parametrize(("body", "contract", "needle"), BAD_REQUESTS)
+async def test_bad_requests_are_400(
+    client: httpx.AsyncClient, body: Any, contract: bool, needle: str
+) -> None:
     response = await client.post("/generate", json=body)
     assert response.status_code == 400
-    assert needle in response.json()["error"]["message"]
+    assert isinstance(response.json()["error"], str) == contract
+    assert needle in error_message(response)
 
 
 @pytest.mark.anyio
@@ -242,9 +290,12 @@ async def test_server_info(client: httpx.AsyncClient, path: str) -> None:
         assert key in info
     assert info["max_total_num_tokens"] > 1_000_000
     assert info["max_req_input_len"] == 32_767
-    assert info["version"] == "0.5.5-workbench-sim"
+    assert info["version"] == "0.5.23"
+    assert info["launch_command"] and info["startup_time"] > 0
     state = info["internal_states"][0]
     assert state["last_gen_throughput"] == 0.0
+    assert state["effective_max_running_requests_per_dp"] == info["max_running_requests"]
+    assert state["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
     assert state["prefix_cache_tokens"] == {"device": 0, "host": 0}
     assert "api_key" not in info
 
@@ -253,11 +304,15 @@ async def test_server_info(client: httpx.AsyncClient, path: str) -> None:
 @pytest.mark.parametrize("path", ["/model_info", "/get_model_info"])
 async def test_model_info(client: httpx.AsyncClient, path: str) -> None:
     info = (await client.get(path)).json()
-    assert info == {
-        "model_path": "sim/kimi-k2.5",
-        "tokenizer_path": "sim/kimi-k2.5",
-        "is_generation": True,
+    # http_server.py `model_info`'s keys.
+    assert set(info) >= {
+        "model_path", "served_model_name", "tokenizer_path", "is_generation",
+        "preferred_sampling_params", "weight_version", "load_format", "reasoning_parser",
+        "tool_call_parser", "disaggregation_mode", "has_image_understanding",
+        "has_audio_understanding", "model_type", "architectures",
     }
+    assert info["model_path"] == info["served_model_name"] == "sim/kimi-k2.5"
+    assert info["is_generation"] is True
 
 
 @pytest.mark.anyio
@@ -293,12 +348,12 @@ async def test_data_parallel_ranks_share_the_work() -> None:
 async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
     response = await client.get("/metrics")
     assert response.status_code == 200
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-        if not sample.name.endswith(("_bucket", "_created"))
-    }
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if not sample.name.endswith(("_bucket", "_created")):
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
 
 
 @pytest.mark.anyio
@@ -362,11 +417,22 @@ async def test_error_fault_answers_a_server_error() -> None:
 
 
 @pytest.mark.anyio
-async def test_abort_fault_answers_200_with_an_abort() -> None:
+async def test_abort_fault_answers_503_or_an_abort_chunk() -> None:
+    """tokenizer_manager `_handle_abort_finish_reason`: a non-streaming abort is an
+    HTTPException (http_server's ErrorResponse body); a streamed one is the final chunk."""
     async with client_for(SimConfig(fault_abort_rate=1.0)) as client:
-        reply = (await generate(client, input_ids=[1], rid="a")).json()
-    assert reply["meta_info"]["finish_reason"]["type"] == "abort"
-    assert reply["meta_info"]["id"] == "a" and reply["output_ids"] == []
+        response = await generate(client, input_ids=[1], rid="a")
+        streamed = await generate(client, input_ids=[1], rid="b", stream=True)
+    assert response.status_code == 503
+    assert response.json() == {
+        "object": "error", "message": "Abort request: injected fault", "type": "503",
+        "param": None, "code": 503,
+    }
+    assert streamed.status_code == 200
+    chunk = json.loads(streamed.text.split("\n\n")[0].removeprefix("data: "))
+    finish = chunk["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort" and finish["status_code"] == 503 and "err_type" in finish
+    assert chunk["meta_info"]["id"] == "b" and chunk["output_ids"] == []
 
 
 @pytest.mark.anyio

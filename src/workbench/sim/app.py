@@ -37,13 +37,16 @@ from workbench.sim.middleware import (
 )
 from workbench.sim.profiles import OutOfMemory
 from workbench.sim.protocol import (
+    ContractError,
     GenerateBatch,
     GenerateItem,
     InvalidRequest,
+    contract_error_body,
     error_body,
     json_response,
     parse_generate,
 )
+from workbench.sim.sampling import Sampling
 from workbench.sim.server import Job, SimServer
 
 __all__ = ["create_app", "serve"]
@@ -62,15 +65,14 @@ def _server(request: Request) -> SimServer:
 
 
 class _Countdown:
-    """An event set once `count` requests finished."""
+    """An event set once every watched request is done (finished and published)."""
 
-    def __init__(self, count: int) -> None:
-        self.remaining = count
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
         self.event = asyncio.Event()
 
-    def done(self) -> None:
-        self.remaining -= 1
-        if self.remaining <= 0:
+    def update(self) -> None:
+        if all(job.request.done for job in self.jobs):
             self.event.set()
 
 
@@ -84,6 +86,8 @@ async def generate(request: Request) -> Response:
         return json_response(error_body(f"Invalid JSON: {exc}"), 400)
     try:
         batch = parse_generate(body, server.model, server.limits)
+    except ContractError as exc:
+        return json_response(contract_error_body(str(exc)), 400)
     except InvalidRequest as exc:
         return json_response(error_body(str(exc)), 400)
     if request.scope.get(FAULT_SCOPE_KEY) == "abort":
@@ -101,12 +105,40 @@ def _shape(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Any:
     return replies if batch.is_batch else replies[0]
 
 
+def abort_response(finish: dict[str, Any]) -> Response:
+    """A non-streaming abort as SGLang answers it (tokenizer_manager
+    `_handle_abort_finish_reason`): 400 as a ValueError, other statuses as an HTTPException
+    through http_server's handler (`ErrorResponse`: object, message, type, param, code)."""
+    status = finish.get("status_code") or 503
+    message = finish.get("message") or "Aborted"
+    if status == 400:
+        return json_response(error_body(message), 400)
+    body = {
+        "object": "error",
+        "message": message,
+        "type": str(status),
+        "param": None,
+        "code": status,
+    }
+    return json_response(body, status)
+
+
 def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
     """Finished replies as JSON, or as one SSE chunk each and [DONE] for a stream."""
     if not batch.stream:
+        aborted = next((_abort_of(one) for one in replies if _abort_of(one)), None)
+        if aborted is not None:
+            return abort_response(aborted)
         return json_response(_shape(batch, replies))
     chunks = [_sse(_indexed(batch, index, one)) for index, one in enumerate(replies)]
     return StreamingResponse(_iterate([*chunks, DONE]), media_type="text/event-stream")
+
+
+def _abort_of(reply: dict[str, Any]) -> dict[str, Any] | None:
+    finish = reply["meta_info"]["finish_reason"]
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        return finish
+    return None
 
 
 async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -117,14 +149,17 @@ async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
 async def _complete(
     server: SimServer, batch: GenerateBatch, started: float, receive: Receive
 ) -> Response:
-    countdown = _Countdown(len(batch.items))
-    jobs = [server.start_job(item, stream=False, on_update=countdown.done) for item in batch.items]
+    countdown = _Countdown()
+    countdown.jobs = [
+        server.start_job(item, stream=False, on_update=countdown.update) for item in batch.items
+    ]
+    jobs = countdown.jobs
     if not await _finished_before_disconnect(countdown.event, receive):
         for job in jobs:
             server.cancel(job)
         return Response(status_code=499)
     e2e_latency = time.perf_counter() - started
-    return json_response(_shape(batch, [server.job_reply(job, e2e_latency) for job in jobs]))
+    return _final(batch, [server.job_reply(job, e2e_latency) for job in jobs])
 
 
 async def _finished_before_disconnect(event: asyncio.Event, receive: Receive) -> bool:
@@ -144,24 +179,40 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+def _due(job: Job, sent: int, default_interval: int) -> bool:
+    """Whether a running job's published tokens make a chunk (output_streamer.py `accept`):
+    every step at interval 1, else the first token at once and then every `interval`."""
+    unsent = job.request.published - sent
+    if unsent <= 0:
+        return False
+    interval = job.item.sampling.stream_interval or default_interval
+    return interval == 1 or unsent >= interval or sent == 0
+
+
 async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> AsyncIterator[bytes]:
-    """SSE chunks with cumulative text and ids, one per new state of a prompt, then [DONE]."""
+    """SSE chunks with cumulative text and ids as the engine publishes them, then [DONE].
+
+    The first chunk follows the prefill with one token; `e2e_latency` is on the final chunk.
+    """
     changed = asyncio.Event()
     jobs = [server.start_job(item, stream=True, on_update=changed.set) for item in batch.items]
     sent = [0] * len(jobs)
     pending = set(range(len(jobs)))
+    interval = server.config.stream_interval
     try:
         while pending:
             await changed.wait()
             changed.clear()
             for index in sorted(pending):
                 job = jobs[index]
-                if job.request.generated == sent[index] and not job.request.finished:
-                    continue
-                sent[index] = job.request.generated
-                if job.request.finished:
+                if job.request.done:
                     pending.discard(index)
-                chunk = server.job_reply(job, time.perf_counter() - started)
+                    chunk = server.job_reply(job, time.perf_counter() - started)
+                elif _due(job, sent[index], interval):
+                    chunk = server.job_reply(job)
+                else:
+                    continue
+                sent[index] = job.request.published
                 yield _sse(_indexed(batch, index, chunk))
         yield DONE
     finally:
@@ -194,9 +245,12 @@ async def health_generate(request: Request) -> Response:
     server = _server(request)
     if server.config.fixed_latency is None:
         token = server.model.sim_content_ids[0]
-        item = GenerateItem([token], [token], "health_generate", 1, 0.0, 1.0, -1)
-        countdown = _Countdown(1)
-        server.start_job(item, stream=False, on_update=countdown.done)
+        sampling = Sampling(max_new_tokens=1, temperature=0.0)
+        item = GenerateItem([token], [token], "HEALTH_CHECK", sampling)
+        countdown = _Countdown()
+        countdown.jobs = [
+            server.start_job(item, stream=False, on_update=countdown.update, health=True)
+        ]
         await countdown.event.wait()
     return Response(status_code=200)
 

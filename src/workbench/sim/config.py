@@ -28,6 +28,10 @@ class SimConfig(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 30000
     model_path: str = "sim/kimi-k2.5"
+    tokenizer_path: str | None = None
+    served_model_name: str | None = None
+    reasoning_parser: str | None = None
+    stream_interval: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"
     enable_hierarchical_cache: bool = False
@@ -79,6 +83,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("max_running_requests", _positive, "must be at least 1"),
     ("chunked_prefill_size", lambda value: value in (None, -1) or value >= 1, "-1 or >= 1"),
     ("decode_log_interval", _positive, "must be at least 1"),
+    ("stream_interval", _positive, "must be at least 1"),
 )
 
 
@@ -158,6 +163,23 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=_port, default=30000, help="port to listen on; 0 picks a free one")
     add("--model-path", default="sim/kimi-k2.5", help="model name reported by the server")
+    add(
+        "--tokenizer-path",
+        default=None,
+        help="tokenizer reported by the server (default: the model profile's local tokenizer)",
+    )
+    add("--served-model-name", default=None, help="model name of the OpenAI API and metrics")
+    add(
+        "--reasoning-parser",
+        default=None,
+        help="split reasoning_content in /v1/chat/completions (e.g. kimi_k2, qwen3)",
+    )
+    add(
+        "--stream-interval",
+        type=_positive_int,
+        default=1,
+        help="tokens per streamed chunk (default: %(default)s)",
+    )
     add(
         "--mem-fraction-static",
         type=_fraction,
@@ -263,7 +285,7 @@ def _add_fault_arguments(group: argparse._ArgumentGroup) -> None:
         "--fault-abort-rate",
         type=_rate,
         default=0.0,
-        help="share of /generate aborted (200, abort)",
+        help="share of /generate aborted (SGLang's abort: HTTP 503, or a streamed abort chunk)",
     )
     add("--fault-seed", type=int, default=0, help="seed of the fault draws (default: %(default)s)")
 

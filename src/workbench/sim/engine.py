@@ -9,10 +9,14 @@ Each `Engine.step()` is one scheduler iteration, modelled on SGLang's:
    0.7 and decays to 0.1 over 600 steps (SGLang's defaults); requests also stop joining at
    `max_running_requests` or once the step's prefill budget (`chunked_prefill_size`) is used.
    Its prompt is looked up in the prefix cache: cached tokens are not prefilled.
-2. Retraction: when the batch's next tokens do not fit, the newest requests go back to the
-   front of the queue (keeping their progress) and the ratio is re-estimated from the batch,
-   `(decoded + 20 * running) / sum(max_new_tokens)`, as SGLang does. A request alone that
-   still does not fit is aborted.
+2. Retraction (`srt/managers/schedule_batch.py` `retract_decode`, scheduler.py's caller):
+   when the batch's next tokens do not fit, requests leave the batch in SGLang's order (fewest
+   output tokens first, then longest prompt), free their KV and go back to the front of the
+   queue; they keep their output so far and are recomputed (prompt and output prefilled
+   again) when readmitted. The ratio is re-estimated from the batch,
+   `(decoded + 20 * running) / sum(max_new_tokens)`, each retraction is counted (engine,
+   request, metrics) and SGLang's warning is logged ("KV cache pool is full. Retract
+   requests. ..."). A request alone that still does not fit is aborted (HTTP 500).
 3. Decode: every running request gains one token; requests that reach their planned output
    length finish and free their tokens.
 
@@ -36,6 +40,7 @@ from workbench.sim.cache import PrefixCache
 from workbench.sim.profiles import Sizing
 
 __all__ = [
+    "POOL_FULL_MESSAGE",
     "Engine",
     "EngineLoop",
     "EngineObserver",
@@ -51,7 +56,14 @@ NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
 MAX_LAG_SECONDS = 0.05
-POOL_FULL_MESSAGE = "KV cache pool is full: the request cannot continue alone"
+# output_streamer.py: a non-streaming request's progress reaches the tokenizer manager every
+# SGLANG_FORCE_STREAM_INTERVAL (50) tokens, which is when its inter-token latency is observed.
+FORCE_STREAM_INTERVAL = 50
+POOL_FULL_MESSAGE = (
+    "Out of memory even after retracting all other requests in the decode batch. Aborting "
+    "the last request."
+)
+POOL_FULL_STATUS = 500
 
 StepCost = Callable[[int, int, int], float]
 
@@ -67,16 +79,23 @@ class Request:
 
     __slots__ = (
         "abort_message",
+        "abort_status",
+        "admitted_at",
         "arrival",
         "cached_tokens",
         "finished_at",
         "first_token_at",
         "generated",
         "hashes",
+        "health",
+        "host_cached_tokens",
+        "last_output_at",
         "max_new_tokens",
         "on_update",
         "output_ids",
         "prompt_len",
+        "published",
+        "retractions",
         "state",
         "stream",
     )
@@ -90,6 +109,7 @@ class Request:
         hashes: list[int] | None = None,
         stream: bool = False,
         on_update: Callable[[], None] | None = None,
+        health: bool = False,
     ) -> None:
         self.prompt_len = prompt_len
         self.output_ids = output_ids
@@ -97,9 +117,16 @@ class Request:
         self.hashes = hashes or []
         self.stream = stream
         self.on_update = on_update
+        self.health = health
         self.generated = 0
         self.cached_tokens = 0
+        self.host_cached_tokens = 0
         self.abort_message: str | None = None
+        self.abort_status = 503
+        self.retractions = 0
+        self.published = 0
+        self.admitted_at: float | None = None
+        self.last_output_at: float | None = None
         self.state = RequestState.WAITING
         self.arrival = 0.0
         self.first_token_at: float | None = None
@@ -117,6 +144,11 @@ class Request:
     @property
     def aborted(self) -> bool:
         return self.abort_message is not None
+
+    @property
+    def done(self) -> bool:
+        """Finished and published: what a client may see (the engine state runs a step ahead)."""
+        return self.finished_at is not None
 
 
 class Step(NamedTuple):
@@ -136,6 +168,10 @@ class EngineObserver(Protocol):
     def on_first_token(self, request: Request) -> None: ...
 
     def on_finish(self, request: Request) -> None: ...
+
+    def on_tokens(self, request: Request, count: int, now: float) -> None: ...
+
+    def on_retract(self, requests: list[Request]) -> None: ...
 
     def on_stats(self, engine: Engine) -> None: ...
 
@@ -184,10 +220,11 @@ class Engine:
         request.arrival = self._clock()
         self.waiting.append(request)
 
-    def cancel(self, request: Request, message: str) -> None:
+    def cancel(self, request: Request, message: str, status: int = 503) -> None:
         """Abort a request (its client went away); it leaves the engine at the next step."""
         if not request.finished:
             request.abort_message = message
+            request.abort_status = status
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; refused (False) while requests run or wait."""
@@ -211,10 +248,20 @@ class Engine:
     def publish(self, step: Step) -> None:
         """Deliver a step whose time has passed: timestamps, metrics, waiters, logs."""
         now = self._clock()
+        for request in step.admitted:
+            if request.admitted_at is None:
+                request.admitted_at = now
         for request in step.started:
             request.first_token_at = now
             if self._observer:
                 self._observer.on_first_token(request)
+        for request in (*step.updated, *step.finished):
+            new = request.generated - request.published
+            if new > 0:
+                if self._observer:
+                    self._observer.on_tokens(request, new, now)
+                request.published = request.generated
+                request.last_output_at = now
         for request in step.finished:
             request.finished_at = now
             if self._observer:
@@ -271,6 +318,7 @@ class Engine:
         loaded = max(0, cached - hit.device_tokens)
         self.cache.insert(request.hashes)
         request.cached_tokens += cached
+        request.host_cached_tokens += loaded
         request.state = RequestState.RUNNING
         self.running.append(request)
         self.used_tokens += request.kv_tokens
@@ -284,19 +332,47 @@ class Engine:
         return sum(self._reservation(request) for request in self.running)
 
     def _make_room(self) -> list[Request]:
-        """Retract the newest requests until every running one has room for a token."""
-        while self.running and self.used_tokens + len(self.running) > self.capacity:
+        """Retract requests until every running one has room for its next token."""
+        if not self.running or self.used_tokens + len(self.running) <= self.capacity:
+            return []
+        # schedule_batch `_get_decode_retraction_order`: keep the longest outputs, then the
+        # shortest prompts; the loop pops the least preferred.
+        self.running.sort(key=lambda request: (request.generated, -request.prompt_len))
+        self.running.reverse()
+        retracted: list[Request] = []
+        gained = 0
+        while len(self.running) > 1 and self.used_tokens + len(self.running) > self.capacity:
             victim = self.running.pop()
             self.used_tokens -= victim.kv_tokens
-            if not self.running:
-                victim.abort_message = POOL_FULL_MESSAGE
-                victim.state = RequestState.FINISHED
-                return [victim]
+            gained += victim.kv_tokens
             victim.state = RequestState.WAITING
-            self.waiting.appendleft(victim)
-            self.retractions += 1
-            self.new_token_ratio = self._ratio_after_retraction()
+            victim.retractions += 1
+            retracted.append(victim)
+        if retracted:
+            self._retracted(retracted, gained)
+        if self.used_tokens + len(self.running) > self.capacity:
+            last = self.running.pop()
+            self.used_tokens -= last.kv_tokens
+            last.abort_message = POOL_FULL_MESSAGE
+            last.abort_status = POOL_FULL_STATUS
+            last.state = RequestState.FINISHED
+            return [last]
         return []
+
+    def _retracted(self, retracted: list[Request], gained: int) -> None:
+        """Requeue retracted requests at the front, re-estimate the ratio, count and log."""
+        self.waiting.extendleft(reversed(retracted))
+        self.retractions += len(retracted)
+        old_ratio = self.new_token_ratio
+        self.new_token_ratio = self._ratio_after_retraction()
+        if self._observer:
+            self._observer.on_retract(retracted)
+        if self._log:
+            self._log(
+                f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
+                f"#new_tokens_gained: {gained}, #new_token_ratio: {old_ratio:.4f} -> "
+                f"{self.new_token_ratio:.4f}"
+            )
 
     def _ratio_after_retraction(self) -> float:
         """SGLang's estimate: (decoded + 20 per request) / max_new_tokens over the batch."""
@@ -325,7 +401,7 @@ class Engine:
                 finished.append(request)
             else:
                 still.append(request)
-                if request.stream:
+                if request.stream or request.generated % FORCE_STREAM_INTERVAL == 0:
                     updated.append(request)
         self.running = still
         return started, updated, finished, tokens

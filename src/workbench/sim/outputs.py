@@ -51,9 +51,17 @@ class PlannedOutput(NamedTuple):
 
 
 def output_seed(
-    seed: int, prompt: list[int] | str, temperature: float, top_p: float, top_k: int
+    seed: int,
+    prompt: list[int] | str,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    sample: int = 0,
 ) -> int:
-    """A 64-bit seed for one (server seed, prompt, sampling) triple; greedy ignores top_p/top_k."""
+    """A 64-bit seed for one (server seed, prompt, sampling) triple; greedy ignores top_p/top_k.
+
+    `sample` tells apart the n samples of one prompt (0 for the first, as for n = 1).
+    """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(seed.to_bytes(8, "little", signed=True))
     if isinstance(prompt, str):
@@ -62,6 +70,8 @@ def output_seed(
         digest.update(b"ids:" + array("q", prompt).tobytes())
     sampling = (0.0,) if temperature == 0 else (temperature, top_p, top_k)
     digest.update(repr(sampling).encode())
+    if sample:
+        digest.update(b"sample:%d" % sample)
     return int.from_bytes(digest.digest(), "little")
 
 

@@ -2,13 +2,17 @@
 
 A request holds `input_ids` (a list of ids, or a list of such lists for a batch) or `text` (a
 string, or a list of strings), optional `sampling_params` (one object, or one per prompt),
-`rid` (a string, or one per prompt) and `stream`. Invalid requests raise InvalidRequest, which
-the app answers with HTTP 400 `{"error": {"message": ...}}`; unknown keys are ignored.
+`rid` (a string, or one per prompt), `stream`, and the logprob keys (`return_logprob`,
+`logprob_start_len`, `top_logprobs_num`, `return_text_in_logprobs`). `n` > 1 turns a prompt
+into n samples and the reply into a list (`srt/managers/io_struct.py`, GenerateReqInput
+`_normalize_batch_inputs`: the prompts repeated n times). Errors come in SGLang's two shapes:
+ContractError (`{"error": "<text>"}`, the JSON contract of `sglang/api/v1/api_types.py`) and
+InvalidRequest (`{"error": {"message": ...}}`, a ValueError in the tokenizer manager), both
+HTTP 400. Unknown top-level keys are ignored; unknown sampling keys are refused.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any, NamedTuple
 
@@ -16,26 +20,26 @@ import msgspec
 from starlette.responses import Response
 
 from workbench.profiles import ModelProfile
-from workbench.sim.outputs import PlannedOutput, render_text, tokenize_text
+from workbench.sim.completion import LogprobRequest
+from workbench.sim.outputs import tokenize_text
+from workbench.sim.sampling import ContractError, Sampling, decode_sampling, unexpected, verify
 
 __all__ = [
+    "ContractError",
     "GenerateBatch",
     "GenerateItem",
     "InvalidRequest",
     "Limits",
     "abort_reason",
+    "contract_error_body",
     "error_body",
-    "finish_reason",
     "json_response",
     "parse_generate",
-    "reply",
 ]
-
-DEFAULT_MAX_NEW_TOKENS = 128
 
 
 class InvalidRequest(ValueError):
-    """A /generate request SGLang would refuse with HTTP 400."""
+    """A /generate request SGLang would refuse with HTTP 400 `{"error": {"message"}}`."""
 
 
 class Limits(NamedTuple):
@@ -47,19 +51,22 @@ class Limits(NamedTuple):
 
 
 class GenerateItem(NamedTuple):
-    """One prompt of a /generate request, validated."""
+    """One sequence of a /generate request (a prompt, or one of its n samples), validated."""
 
     prompt: list[int] | str
     input_ids: list[int]
     rid: str
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
+    sampling: Sampling = Sampling()
+    logprob: LogprobRequest | None = None
+    sample: int = 0
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens
 
 
 class GenerateBatch(NamedTuple):
-    """A parsed /generate request: its prompts, whether it was a batch, whether to stream."""
+    """A parsed /generate request: its sequences, whether the reply is a list, whether to stream."""
 
     items: list[GenerateItem]
     is_batch: bool
@@ -67,8 +74,13 @@ class GenerateBatch(NamedTuple):
 
 
 def error_body(message: str) -> dict[str, Any]:
-    """SGLang's error reply."""
+    """SGLang's reply to a ValueError (`http_server._create_error_response`)."""
     return {"error": {"message": message}}
+
+
+def contract_error_body(message: str) -> dict[str, Any]:
+    """SGLang's reply to a body that breaks the JSON contract (`generate_request`)."""
+    return {"error": message}
 
 
 def json_response(content: object, status_code: int = 200) -> Response:
@@ -77,21 +89,29 @@ def json_response(content: object, status_code: int = 200) -> Response:
 
 
 def parse_generate(body: object, model: ModelProfile, limits: Limits) -> GenerateBatch:
-    """Validate a decoded /generate body; InvalidRequest says what is wrong."""
+    """Validate a decoded /generate body; ContractError or InvalidRequest say what is wrong."""
     if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
+        raise ContractError(f"invalid type: {unexpected(body)}, expected struct GenerateRequest")
     prompts, is_batch = _prompts(body)
     count = len(prompts)
     sampling = _per_prompt(body.get("sampling_params"), count, is_batch, "sampling_params")
     rids = _per_prompt(body.get("rid"), count, is_batch, "rid")
     stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be true or false")
+    if not isinstance(stream, bool | None):
+        raise ContractError(f"invalid type: {unexpected(stream)}, expected a boolean")
+    decoded = [_sampling(params, limits) for params in sampling]
+    samples = decoded[0].n
+    if any(one.n != samples for one in decoded):
+        raise InvalidRequest(
+            "The parallel_sample_num should be the same for all samples in sample params."
+        )
+    logprob = _logprob_request(body)
     items = [
-        _item(prompt, params, rid, model, limits)
-        for prompt, params, rid in zip(prompts, sampling, rids, strict=True)
+        _item(prompt, params, rid, sample, logprob, model, limits)
+        for sample in range(samples)
+        for prompt, params, rid in zip(prompts, decoded, rids, strict=True)
     ]
-    return GenerateBatch(items, is_batch, stream)
+    return GenerateBatch(items, is_batch or samples > 1, bool(stream))
 
 
 def _prompts(body: dict[str, Any]) -> tuple[list[list[int] | str], bool]:
@@ -103,12 +123,18 @@ def _prompts(body: dict[str, Any]) -> tuple[list[list[int] | str], bool]:
     if isinstance(text, list) and text and all(isinstance(one, str) for one in text):
         return list(text), True
     if text is not None:
-        raise InvalidRequest("text must be a string or a non-empty list of strings")
+        raise ContractError(
+            f"invalid type: {unexpected(text)}, expected a value or an array of values for "
+            "StringOrList"
+        )
     if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
         return list(input_ids), True
     if isinstance(input_ids, list):
         return [input_ids], False
-    raise InvalidRequest("input_ids must be a list of token ids or a list of such lists")
+    raise ContractError(
+        f"invalid type: {unexpected(input_ids)}, expected a value or an array of values for "
+        "TokenIdsOrList"
+    )
 
 
 def _per_prompt(value: object, count: int, is_batch: bool, name: str) -> list[Any]:
@@ -119,8 +145,45 @@ def _per_prompt(value: object, count: int, is_batch: bool, name: str) -> list[An
     return [value] * count
 
 
+def _sampling(params: object, limits: Limits) -> Sampling:
+    sampling, given = decode_sampling(params)
+    try:
+        verify(sampling, given, limits.vocab_size)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return sampling
+
+
+def _logprob_request(body: dict[str, Any]) -> LogprobRequest | None:
+    wanted = body.get("return_logprob")
+    if isinstance(wanted, list):
+        wanted = any(wanted)
+    if not wanted:
+        return None
+    start = _int_key(body, "logprob_start_len", -1)
+    top = _int_key(body, "top_logprobs_num", 0)
+    return LogprobRequest(start, top, bool(body.get("return_text_in_logprobs")))
+
+
+def _int_key(body: dict[str, Any], key: str, default: int) -> int:
+    value = body.get(key)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ContractError(f"invalid type: {unexpected(value)}, expected i64")
+    return value
+
+
 def _item(
-    prompt: object, params: object, rid: object, model: ModelProfile, limits: Limits
+    prompt: object,
+    sampling: Sampling,
+    rid: object,
+    sample: int,
+    logprob: LogprobRequest | None,
+    model: ModelProfile,
+    limits: Limits,
 ) -> GenerateItem:
     if isinstance(prompt, str):
         ids = tokenize_text(prompt, model)
@@ -130,46 +193,24 @@ def _item(
         sent = ids
     if rid is not None and not isinstance(rid, str):
         raise InvalidRequest("rid must be a string (or one string per prompt)")
-    max_new_tokens, temperature, top_p, top_k = _sampling(params)
-    _check_lengths(len(ids), max_new_tokens, limits)
-    return GenerateItem(
-        sent, ids, rid or uuid.uuid4().hex, max_new_tokens, temperature, top_p, top_k
-    )
+    _check_lengths(len(ids), sampling.max_new_tokens, limits)
+    if logprob is not None and logprob.start > len(ids):
+        raise InvalidRequest(
+            f"req.logprob_start_len={logprob.start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len."
+        )
+    name = rid if isinstance(rid, str) else uuid.uuid4().hex
+    if sample:
+        name = f"{name}-{sample}"
+    return GenerateItem(sent, ids, name, sampling, logprob, sample)
 
 
 def _token_ids(value: object, vocab_size: int) -> list[int]:
     if not isinstance(value, list) or not all(type(token) is int for token in value):
-        raise InvalidRequest("input_ids must be a list of integers")
+        raise ContractError("invalid type: sequence, expected u32")
     if value and (min(value) < 0 or max(value) >= vocab_size):
         raise InvalidRequest(f"input_ids must be in [0, {vocab_size})")
     return value
-
-
-def _sampling(params: object) -> tuple[int, float, float, int]:
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise InvalidRequest("sampling_params must be an object (or one object per prompt)")
-    max_new_tokens = params.get("max_new_tokens")
-    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-    temperature = _number(params.get("temperature", 1.0), "temperature")
-    top_p = _number(params.get("top_p", 1.0), "top_p")
-    top_k = params.get("top_k", -1)
-    if type(max_new_tokens) is not int or max_new_tokens < 0:
-        raise InvalidRequest("max_new_tokens must be a non-negative integer")
-    if temperature < 0:
-        raise InvalidRequest(f"temperature must be non-negative, got {temperature}.")
-    if not 0.0 < top_p <= 1.0:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}.")
-    if type(top_k) is not int or not (top_k == -1 or top_k >= 1):
-        raise InvalidRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    return max_new_tokens, temperature, top_p, top_k
-
-
-def _number(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a number")
-    return float(value)
 
 
 def _check_lengths(prompt_tokens: int, max_new_tokens: int, limits: Limits) -> None:
@@ -190,41 +231,8 @@ def _check_lengths(prompt_tokens: int, max_new_tokens: int, limits: Limits) -> N
         )
 
 
-def finish_reason(
-    plan: PlannedOutput, generated: int, max_new_tokens: int
-) -> dict[str, Any] | None:
-    """SGLang's finish_reason object, or None while the request is unfinished."""
-    if generated < len(plan.output_ids):
-        return None
-    if plan.finish == "stop":
-        return {"type": "stop", "matched": plan.matched}
-    return {"type": "length", "length": max_new_tokens}
-
-
-def abort_reason(message: str) -> dict[str, Any]:
-    """SGLang's finish_reason object of an aborted request."""
-    return {"type": "abort", "message": message, "status_code": 503}
-
-
-def reply(
-    item: GenerateItem,
-    output_ids: list[int],
-    finish: dict[str, Any] | None,
-    *,
-    model: ModelProfile,
-    cached_tokens: int,
-    e2e_latency: float,
+def abort_reason(
+    message: str, status_code: int = 503, err_type: str | None = None
 ) -> dict[str, Any]:
-    """One prompt's /generate reply (also one streamed chunk: text and ids are cumulative)."""
-    return {
-        "text": render_text(output_ids, model),
-        "output_ids": output_ids,
-        "meta_info": {
-            "id": item.rid,
-            "finish_reason": finish,
-            "prompt_tokens": len(item.input_ids),
-            "completion_tokens": len(output_ids),
-            "cached_tokens": cached_tokens,
-            "e2e_latency": e2e_latency,
-        },
-    }
+    """SGLang's finish_reason of an aborted request (schedule_batch `FINISH_ABORT.to_json`)."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}

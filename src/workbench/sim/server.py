@@ -5,43 +5,55 @@ Prompts go to the ranks round robin, as SGLang's data-parallel controller sends 
 
 from __future__ import annotations
 
+import importlib.resources
 import itertools
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from workbench.profiles import get_profile
 from workbench.sim.cache import block_hashes
+from workbench.sim.completion import Completion, complete
 from workbench.sim.config import SimConfig
 from workbench.sim.engine import Engine, EngineLoop, Request
 from workbench.sim.faults import FaultPlan
 from workbench.sim.metrics import SimMetrics
-from workbench.sim.outputs import PlannedOutput, fixed_output, output_seed, plan_output
+from workbench.sim.outputs import fixed_output, output_seed, plan_output, render_text
 from workbench.sim.profiles import GB, get_sim_profile, plan_sizing, step_seconds
-from workbench.sim.protocol import GenerateItem, Limits, abort_reason, finish_reason, reply
+from workbench.sim.protocol import GenerateItem, Limits, abort_reason
+from workbench.sim.replies import ReplyOptions, generate_reply
 
 __all__ = ["CLIENT_GONE_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "Job", "SimServer"]
 
-VERSION = "0.5.5-workbench-sim"
+VERSION = "0.5.23"  # the SGLang release whose API the simulator follows
 FAULT_ABORT_MESSAGE = "Abort request: injected fault"
 CLIENT_GONE_MESSAGE = "Abort request: the client disconnected"
 
 
 class Job:
-    """One prompt of a /generate call: what it asked, its planned output, its engine request."""
+    """One sequence of a /generate call: what it asked, its output, its engine request."""
 
-    __slots__ = ("engine", "item", "plan", "request")
+    __slots__ = ("completion", "engine", "item", "rank", "request")
 
     def __init__(
-        self, item: GenerateItem, plan: PlannedOutput, request: Request, engine: Engine
+        self,
+        item: GenerateItem,
+        completion: Completion,
+        request: Request,
+        engine: Engine,
+        rank: int = 0,
     ) -> None:
         self.item = item
-        self.plan = plan
+        self.completion = completion
         self.request = request
         self.engine = engine
+        self.rank = rank
 
 
 class SimServer:
@@ -82,7 +94,15 @@ class SimServer:
         ]
         self.metrics.engines = self.engines
         self.created = int(time.time())
-        self._ranks = itertools.cycle(self.loops)
+        self.startup_time = time.time()
+        self.launch_command = shlex.join(sys.argv)
+        self.reply_options = ReplyOptions(
+            self.model,
+            config.enable_metrics,
+            config.enable_hierarchical_cache,
+            config.dp_size > 1,
+        )
+        self._ranks = itertools.cycle(enumerate(self.loops))
 
     def _engine(self, rank: int, log: Callable[[str], None] | None) -> Engine:
         if log is not None and self.config.dp_size > 1:
@@ -103,68 +123,80 @@ class SimServer:
     def busy(self) -> bool:
         return any(engine.has_work for engine in self.engines)
 
-    def start_job(self, item: GenerateItem, *, stream: bool, on_update: Callable[[], None]) -> Job:
-        """Plan the prompt's output and queue it on the next rank."""
+    def start_job(
+        self,
+        item: GenerateItem,
+        *,
+        stream: bool,
+        on_update: Callable[[], None],
+        health: bool = False,
+    ) -> Job:
+        """Plan the sequence's output and queue it on the next rank (`health`: a health check,
+        left out of the metrics)."""
+        sampling = item.sampling
         seed = output_seed(
-            self.config.random_seed, item.prompt, item.temperature, item.top_p, item.top_k
+            self.config.random_seed,
+            item.prompt,
+            sampling.temperature,
+            sampling.top_p,
+            sampling.top_k,
+            0 if sampling.greedy else item.sample,
         )
-        plan = plan_output(self.model, self.profile.output, seed, item.max_new_tokens)
+        plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens)
+        completion = complete(plan, sampling, self.model, seed)
         request = Request(
             len(item.input_ids),
-            plan.output_ids,
-            item.max_new_tokens,
+            completion.output_ids,
+            sampling.max_new_tokens,
             hashes=block_hashes(item.input_ids),
             stream=stream,
             on_update=on_update,
+            health=health,
         )
-        loop = next(self._ranks)
+        rank, loop = next(self._ranks)
         loop.submit(request)
-        return Job(item, plan, request, loop.engine)
+        return Job(item, completion, request, loop.engine, rank)
 
     def cancel(self, job: Job) -> None:
         """Abort a job whose client went away."""
         job.engine.cancel(job.request, CLIENT_GONE_MESSAGE)
 
-    def job_reply(self, job: Job, e2e_latency: float) -> dict[str, Any]:
-        """The job's reply so far (final once the request finished)."""
-        request = job.request
-        finish: dict[str, Any] | None
-        if request.abort_message is not None:
-            finish = abort_reason(request.abort_message)
-        else:
-            finish = finish_reason(job.plan, request.generated, job.item.max_new_tokens)
-        return reply(
-            job.item,
-            job.plan.output_ids[: request.generated],
-            finish,
-            model=self.model,
-            cached_tokens=request.cached_tokens,
-            e2e_latency=e2e_latency,
-        )
+    def job_reply(self, job: Job, e2e_latency: float | None = None) -> dict[str, Any]:
+        """The job's reply as published so far; `e2e_latency` only on the final one."""
+        return generate_reply(job, self.reply_options, e2e_latency)
 
     def fixed_reply(self, item: GenerateItem, e2e_latency: float) -> dict[str, Any]:
         """The fixed-latency mode's reply."""
         plan = fixed_output(self.model, item.max_new_tokens)
-        finish = finish_reason(plan, len(plan.output_ids), item.max_new_tokens)
-        return reply(
-            item,
-            plan.output_ids,
-            finish,
-            model=self.model,
-            cached_tokens=0,
-            e2e_latency=e2e_latency,
+        finish: dict[str, Any] = (
+            {"type": "stop", "matched": plan.matched}
+            if plan.finish == "stop"
+            else {"type": "length", "length": item.max_new_tokens}
         )
+        return self._plain_reply(item, plan.output_ids, finish, e2e_latency)
 
     def abort_reply(self, item: GenerateItem, e2e_latency: float) -> dict[str, Any]:
-        """The reply of a request aborted by an injected fault."""
-        return reply(
-            item,
-            [],
-            abort_reason(FAULT_ABORT_MESSAGE),
-            model=self.model,
-            cached_tokens=0,
-            e2e_latency=e2e_latency,
-        )
+        """The reply of a request aborted by an injected fault (SGLang's abort: 503)."""
+        return self._plain_reply(item, [], abort_reason(FAULT_ABORT_MESSAGE), e2e_latency)
+
+    def _plain_reply(
+        self, item: GenerateItem, ids: list[int], finish: dict[str, Any], e2e_latency: float
+    ) -> dict[str, Any]:
+        return {
+            "text": render_text(ids, self.model),
+            "output_ids": ids,
+            "meta_info": {
+                "id": item.rid,
+                "finish_reason": finish,
+                "prompt_tokens": len(item.input_ids),
+                "weight_version": "default",
+                "num_retractions": 0,
+                "reasoning_tokens": 0,
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+                "e2e_latency": e2e_latency,
+            },
+        }
 
     def flush_cache(self) -> bool:
         """Empty every rank's prefix cache; refused while any request runs or waits."""
@@ -177,6 +209,15 @@ class SimServer:
         for loop in self.loops:
             await loop.close()
 
+    @property
+    def served_model_name(self) -> str:
+        return self.config.served_model_name or self.config.model_path
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        """--tokenizer-path, else the model profile's local tokenizer (one that loads)."""
+        return self.config.tokenizer_path or local_tokenizer_path(self.model.name)
+
     def server_args(self) -> dict[str, Any]:
         """The server arguments as SGLang reports them: derived values filled, no API key."""
         args = msgspec.structs.asdict(self.config)
@@ -188,27 +229,43 @@ class SimServer:
             chunked_prefill_size=self.config.chunked_prefill_size
             or self.sizing.chunked_prefill_size,
             context_length=self.sizing.context_length,
-            tokenizer_path=self.config.model_path,
-            served_model_name=self.config.model_path,
+            tokenizer_path=self.tokenizer_path,
+            served_model_name=self.served_model_name,
         )
         return args
 
     def server_info(self) -> dict[str, Any]:
-        """GET /server_info (and /get_server_info)."""
+        """GET /server_info: http_server `server_info` (resolved args, `launch_command`,
+        scheduler info, `startup_time`, `internal_states` per DP rank, `version`)."""
         return {
             **self.server_args(),
+            "launch_command": self.launch_command,
+            "status": "ready",
             "max_total_num_tokens": self.sizing.max_total_num_tokens,
             "max_req_input_len": self.sizing.max_req_input_len,
-            "version": VERSION,
+            "startup_time": self.startup_time,
             "internal_states": [self._internal_state(rank) for rank in range(len(self.loops))],
+            "version": VERSION,
+            "frontend": "python",
         }
 
     def _internal_state(self, rank: int) -> dict[str, Any]:
+        """scheduler_components/internal_state.py: resolved args, topology, memory usage."""
         engine = self.loops[rank].engine
         sizing = self.sizing
         return {
-            "dp_rank": rank,
+            **self.server_args(),
+            "world_size": self.tp_size * self.config.dp_size,
+            "startup_time": self.startup_time,
+            "effective_max_running_requests_per_dp": sizing.max_running_requests,
             "last_gen_throughput": engine.last_gen_throughput,
+            "memory_usage": {
+                "weight": round(self.profile.weights_gb / self.tp_size, 3),
+                "kvcache": round(sizing.max_total_num_tokens * sizing.kv_bytes_per_token / GB, 3),
+                "token_capacity": sizing.max_total_num_tokens,
+            },
+            # The simulator's own readings, kept beside SGLang's keys.
+            "dp_rank": rank,
             "num_running_reqs": len(engine.running),
             "num_queue_reqs": len(engine.waiting),
             "token_usage": engine.token_usage,
@@ -217,34 +274,54 @@ class SimServer:
                 "device": engine.cache.device_tokens,
                 "host": engine.cache.host_tokens,
             },
-            "kv_cache_dtype": sizing.kv_cache_dtype,
-            "memory_usage": {
-                "weight": self.profile.weights_gb / self.tp_size,
-                "kvcache": sizing.max_total_num_tokens * sizing.kv_bytes_per_token / GB,
-                "token_capacity": sizing.max_total_num_tokens,
-                "host_token_capacity": sizing.host_tokens,
-            },
+            "host_token_capacity": sizing.host_tokens,
         }
 
     def model_info(self) -> dict[str, Any]:
-        """GET /model_info (and /get_model_info)."""
+        """GET /model_info (http_server `model_info`)."""
         return {
             "model_path": self.config.model_path,
-            "tokenizer_path": self.config.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.tokenizer_path,
             "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": self.config.reasoning_parser,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "kimi_k2" if self.model.name == "kimi-k2.5" else self.model.name,
+            "architectures": ["DeepseekV3ForCausalLM"],
         }
 
     def models(self) -> dict[str, Any]:
-        """GET /v1/models (OpenAI's list)."""
+        """GET /v1/models (OpenAI's list, as SGLang's serving_models answers it)."""
         model = {
-            "id": self.config.model_path,
+            "id": self.served_model_name,
             "object": "model",
             "created": self.created,
             "owned_by": "sglang",
             "root": self.config.model_path,
+            "parent": None,
             "max_model_len": self.sizing.context_length,
         }
         return {"object": "list", "data": [model]}
+
+
+def local_tokenizer_path(model_profile: str) -> str | None:
+    """The example tokenizer carried with the workbench, for the profile it was made for."""
+    if model_profile != "kimi-k2.5":
+        return None
+    for root in (
+        Path(str(importlib.resources.files("workbench"))) / "_data",
+        Path(__file__).resolve().parents[3],
+    ):
+        folder = root / "examples" / "tokenizer"
+        if (folder / "tokenizer.json").is_file():
+            return str(folder)
+    return None
 
 
 def _tagged(log: Callable[[str], None], tag: str, line: str) -> None:

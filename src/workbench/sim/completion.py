@@ -1,0 +1,198 @@
+"""A planned output under SGLang's stop rules, its reply text, and plausible logprobs.
+
+The model's own output comes from `outputs.plan_output`; this module applies the request's
+sampling parameters to it as SGLang's scheduler would (`srt/managers/schedule_batch.py`,
+`Req.check_finished`: stop strings first, then stop token ids, then the length):
+
+- `ignore_eos`: no token ends the request (`_check_token_based_finish` returns at once, so
+  `stop_token_ids` are ignored too); the model's end id is kept and the output goes on to
+  exactly `max_new_tokens` (stop strings still apply).
+- `min_new_tokens`: the end id and `stop_token_ids` are masked (the min-new-tokens penalizer)
+  until that many tokens exist; a shorter natural output is continued, then ends.
+- `stop_token_ids`, the model's end and EOS ids: `{"type": "stop", "matched": id}` at the
+  first one; `stop`: `{"type": "stop", "matched": "<str>"}` at the first token whose decoded
+  tail contains a stop string. Both keep the stop in `output_ids`.
+
+Reply text follows `srt/managers/detokenizer_manager.py` (`trim_matched_stop`): a matched stop
+id is left out of the text and a matched stop string cut off, unless `no_stop_trim`; special
+ids are left out with `skip_special_tokens` (the default).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import zlib
+from typing import Any, Literal, NamedTuple
+
+from workbench.profiles import ModelProfile
+from workbench.sim.outputs import PlannedOutput, render_text
+from workbench.sim.sampling import Sampling
+
+__all__ = ["Completion", "complete", "logprob_fields", "reasoning_tokens", "reply_text"]
+
+FILLER_SALT = 0x5EED
+
+
+class Completion(NamedTuple):
+    """The ids a request will generate and how it finishes."""
+
+    output_ids: list[int]
+    finish: Literal["stop", "length"]
+    matched: int | str | None
+
+
+def complete(plan: PlannedOutput, sampling: Sampling, model: ModelProfile, seed: int) -> Completion:
+    """`plan` (cut at max_new_tokens) under the request's stop rules."""
+    ids = _continued(list(plan.output_ids), plan, sampling, model, seed)
+    stop_ids = frozenset() if sampling.ignore_eos else _stop_ids(model) | sampling.stop_token_ids
+    at_string = _first_stop_string(ids, sampling.stop, model)
+    at_token = next(
+        (index + 1 for index in range(sampling.min_new_tokens, len(ids)) if ids[index] in stop_ids),
+        None,
+    )
+    if at_string is not None and (at_token is None or at_string[0] <= at_token):
+        return Completion(ids[: at_string[0]], "stop", at_string[1])
+    if at_token is not None:
+        return Completion(ids[:at_token], "stop", ids[at_token - 1])
+    return Completion(ids, "length", None)
+
+
+def _continued(
+    ids: list[int], plan: PlannedOutput, sampling: Sampling, model: ModelProfile, seed: int
+) -> list[int]:
+    """The model's ids, continued where ignore_eos or min_new_tokens mask its end."""
+    limit = sampling.max_new_tokens
+    if plan.finish != "stop" or len(ids) >= limit:
+        return ids
+    if sampling.ignore_eos:
+        return ids + _filler(model, seed, limit - len(ids))
+    if len(ids) - 1 < sampling.min_new_tokens:
+        body = ids[:-1] + _filler(model, seed, sampling.min_new_tokens - (len(ids) - 1))
+        return (body + ids[-1:])[:limit]
+    return ids
+
+
+def _filler(model: ModelProfile, seed: int, count: int) -> list[int]:
+    low, high = model.sim_content_ids
+    return random.Random(seed ^ FILLER_SALT).choices(range(low, high), k=count)
+
+
+@functools.cache
+def _stop_ids(model: ModelProfile) -> frozenset[int]:
+    ids = set(model.end_ids)
+    if model.eos_id is not None:
+        ids.add(model.eos_id)
+    return frozenset(ids)
+
+
+@functools.cache
+def _special_ids(model: ModelProfile) -> frozenset[int]:
+    ids = set(_stop_ids(model))
+    ids.update(token for token in (model.think_start, model.think_end) if token is not None)
+    return frozenset(ids)
+
+
+def _first_stop_string(
+    ids: list[int], stops: tuple[str, ...], model: ModelProfile
+) -> tuple[int, str] | None:
+    """(tokens through the match, stop) for the first token whose decoded tail holds a stop
+    string (schedule_batch's `tail_str`: the last max(len(stop)) + 1 tokens), or None."""
+    stops = tuple(stop for stop in stops if stop)
+    if not stops:
+        return None
+    window = max(len(stop) for stop in stops) + 1
+    for count in range(1, len(ids) + 1):
+        tail = render_text(ids[max(0, count - window) : count], model)
+        matched = next((stop for stop in stops if stop in tail), None)
+        if matched is not None:
+            return count, matched
+    return None
+
+
+def reply_text(
+    ids: list[int], matched: int | str | None, sampling: Sampling, model: ModelProfile
+) -> str:
+    """The reply's text: special ids skipped, a matched stop trimmed (detokenizer_manager)."""
+    if isinstance(matched, int) and not sampling.no_stop_trim and ids:
+        ids = ids[:-1]
+    if sampling.skip_special_tokens:
+        special = _special_ids(model)
+        ids = [token for token in ids if token not in special]
+    text = render_text(ids, model)
+    if isinstance(matched, str):
+        position = text.find(matched)
+        if position >= 0:
+            text = text[: position + len(matched)] if sampling.no_stop_trim else text[:position]
+    return text
+
+
+def reasoning_tokens(ids: list[int], model: ModelProfile) -> int:
+    """Tokens up to and including the think-end id (0 before it appears), as SGLang counts."""
+    if model.think_end is None or model.think_end not in ids:
+        return 0
+    return ids.index(model.think_end) + 1
+
+
+def _logprob(position: int, token: int) -> float:
+    """A deterministic, plausible log-probability in (-4, 0)."""
+    unit = zlib.crc32(f"{position}:{token}".encode()) / 2**32
+    return -round(4.0 * unit**3 + 1e-4, 6)
+
+
+def _entry(position: int, token: int, model: ModelProfile, text: bool) -> list[Any]:
+    return [_logprob(position, token), token, render_text([token], model) if text else None]
+
+
+def _top(position: int, token: int, count: int, model: ModelProfile, text: bool) -> list[Any]:
+    """`count` alternatives, best first; the sampled token leads (greedy-like)."""
+    low, high = model.sim_content_ids
+    best = _logprob(position, token)
+    entries = [[best, token, render_text([token], model) if text else None]]
+    for rank in range(1, count):
+        other = low + (token * 31 + rank * 977) % (high - low)
+        value = round(best - 0.4 * rank - 0.1, 6)
+        entries.append([value, other, render_text([other], model) if text else None])
+    return entries
+
+
+class LogprobRequest(NamedTuple):
+    """What a request asked for: `logprob_start_len` (-1: output only), top count, text."""
+
+    start: int
+    top: int
+    text: bool
+
+
+def logprob_fields(
+    request: LogprobRequest, input_ids: list[int], output_ids: list[int], model: ModelProfile
+) -> dict[str, Any]:
+    """meta_info's logprob keys (tokenizer_manager `add_logprob_to_meta_info`): entries are
+    `[logprob, token_id, text or null]`; the first prompt token has no logprob."""
+    start = len(input_ids) if request.start < 0 else request.start
+    positions = range(start, len(input_ids))
+    inputs = [
+        [None, input_ids[0], render_text(input_ids[:1], model) if request.text else None]
+        if index == 0
+        else _entry(index, input_ids[index], model, request.text)
+        for index in positions
+    ]
+    offset = len(input_ids)
+    outputs = [
+        _entry(offset + index, token, model, request.text) for index, token in enumerate(output_ids)
+    ]
+    fields: dict[str, Any] = {
+        "input_token_logprobs": inputs,
+        "output_token_logprobs": outputs,
+        "output_token_logprobs_length": len(outputs),
+    }
+    if request.top > 0:
+        fields["input_top_logprobs"] = [
+            None if index == 0 else _top(index, input_ids[index], request.top, model, request.text)
+            for index in positions
+        ]
+        fields["output_top_logprobs"] = [
+            _top(offset + index, token, request.top, model, request.text)
+            for index, token in enumerate(output_ids)
+        ]
+    return fields

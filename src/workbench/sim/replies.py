@@ -1,0 +1,113 @@
+"""/generate replies and streamed chunks as SGLang 0.5.23's tokenizer manager builds them.
+
+`srt/managers/tokenizer_manager.py` `_handle_batch_output`: meta_info holds `id`,
+`finish_reason`, `prompt_tokens`, `weight_version`, `num_retractions`, the logprob keys when
+asked, `reasoning_tokens`, `completion_tokens`, `cached_tokens` (and `cached_tokens_details`
+with a hierarchical cache), `dp_rank` under data parallelism, the scheduler's timing keys with
+`--enable-metrics` (`queue_time`, `forward_entry_time`, `prefill_finished_time`), and, on the
+final reply only, `e2e_latency` (plus `request_received_ts`, `first_token_latency`,
+`request_finished_ts`, `decode_throughput` with metrics). Text and ids are cumulative.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from workbench.profiles import ModelProfile
+from workbench.sim.completion import logprob_fields, reasoning_tokens, reply_text
+from workbench.sim.protocol import abort_reason
+
+if TYPE_CHECKING:
+    from workbench.sim.server import Job
+
+__all__ = ["ReplyOptions", "generate_reply"]
+
+WEIGHT_VERSION = "default"
+
+
+class ReplyOptions(NamedTuple):
+    """Server-wide settings that shape replies."""
+
+    model: ModelProfile
+    enable_metrics: bool
+    hierarchical_cache: bool
+    data_parallel: bool
+
+
+def _realtime(perf: float) -> float:
+    """A perf_counter time as a unix time (req_time_stats `convert_time_to_realtime`)."""
+    return time.time() - (time.perf_counter() - perf)
+
+
+def finish_reason(job: Job) -> dict[str, Any] | None:
+    """The published finish_reason, None while the request runs."""
+    request = job.request
+    if not request.done:
+        return None
+    if request.abort_message is not None:
+        return abort_reason(request.abort_message, request.abort_status)
+    completion = job.completion
+    if completion.finish == "stop":
+        return {"type": "stop", "matched": completion.matched}
+    return {"type": "length", "length": job.item.max_new_tokens}
+
+
+def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -> dict[str, Any]:
+    """The job's reply as published so far; `e2e_latency` is given for the final one only."""
+    request = job.request
+    ids = job.completion.output_ids[: request.published]
+    finish = finish_reason(job)
+    meta: dict[str, Any] = {
+        "id": job.item.rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(job.item.input_ids),
+        "weight_version": WEIGHT_VERSION,
+        "num_retractions": request.retractions,
+    }
+    if job.item.logprob is not None:
+        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model))
+    meta["reasoning_tokens"] = reasoning_tokens(ids, options.model)
+    meta["completion_tokens"] = len(ids)
+    meta["cached_tokens"] = request.cached_tokens
+    if options.hierarchical_cache:
+        meta["cached_tokens_details"] = {
+            "device": request.cached_tokens - request.host_cached_tokens,
+            "host": request.host_cached_tokens,
+        }
+    if options.data_parallel:
+        meta["dp_rank"] = job.rank
+    if options.enable_metrics:
+        meta.update(_scheduler_times(job))
+    if e2e_latency is not None:
+        meta["e2e_latency"] = e2e_latency
+        if options.enable_metrics:
+            meta.update(_final_times(job, e2e_latency))
+    matched = job.completion.matched if finish and finish["type"] == "stop" else None
+    text = reply_text(ids, matched, job.item.sampling, options.model)
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def _scheduler_times(job: Job) -> dict[str, Any]:
+    request = job.request
+    if request.admitted_at is None:
+        return {}
+    times = {"forward_entry_time": _realtime(request.admitted_at)}
+    if request.first_token_at is not None:
+        times["prefill_finished_time"] = _realtime(request.first_token_at)
+    times["queue_time"] = request.admitted_at - request.arrival
+    return times
+
+
+def _final_times(job: Job, e2e_latency: float) -> dict[str, Any]:
+    request = job.request
+    times: dict[str, Any] = {"request_received_ts": _realtime(request.arrival)}
+    if request.first_token_at is not None:
+        times["first_token_latency"] = request.first_token_at - request.arrival
+        decode = (request.finished_at or request.first_token_at) - request.first_token_at
+        if decode > 0 and request.published > 1:
+            times["decode_throughput"] = (request.published - 1) / decode
+    if request.finished_at is not None:
+        times["request_finished_ts"] = _realtime(request.finished_at)
+    times["response_sent_to_client_ts"] = time.time()
+    return times
