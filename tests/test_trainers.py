@@ -4,6 +4,7 @@ run's rows fare when a trainer re-renders them through the example (Kimi-K2.5-li
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,26 @@ def test_inline_reasoning_sits_between_the_models_think_tags(demo_run: Path,
         assert set(turn) == {"role", "content"}
         ids = tok.encode(turn["content"])
         assert ids[0] == THINK and ids.count(TE) == 1 and IM_ASSISTANT not in ids
+
+
+def test_auto_carries_the_reasoning_the_way_the_template_gives_back(demo_run: Path,
+                                                                    tmp_path: Path) -> None:
+    """A template that renders a history turn's content as is (no empty think block): the
+    reasoning inline between the think tags re-renders exactly, so `auto` picks it."""
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(EXAMPLES / "tokenizer", tokenizer)
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace(
+        "<think></think>{{ message['content'] or '' }}", "{{ message['content'] or '' }}", 1)
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    auto = export(demo_run, tmp_path / "auto.jsonl", format="conversations", only=CHATS,
+                  tokenizer=str(tokenizer))
+    field = export(demo_run, tmp_path / "field.jsonl", format="conversations", only=CHATS,
+                   tokenizer=str(tokenizer), reasoning="field")
+    for name in CHATS:
+        assert auto.datasets[name].exact == auto.datasets[name].written > 0
+        assert field.datasets[name].exact == 0
+    assert all(set(row["conversations"][-1]) == {"role", "content"}
+               for row in jsonl(tmp_path / "auto.jsonl"))
+    written = auto.datasets["B1_glaive"].written
+    assert f"{written} of {written} re-render to the generated ids" in format_summary(auto)

@@ -428,9 +428,10 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         "beside it, and print its command line")
     p.add_argument("--max-length", type=_positive_int,
                    help="with --for: the trainer's max_length; prints the rows it would cut")
-    p.add_argument("--reasoning", choices=("field", "inline"), default="field",
-                   help="conversations: reasoning as reasoning_content (field, default) or in "
-                        "content between the model's think tags (inline)")
+    p.add_argument("--reasoning", choices=("auto", "field", "inline"), default="auto",
+                   help="conversations: reasoning as reasoning_content (field), in content "
+                        "between the model's think tags (inline), or per row whichever the chat "
+                        "template renders back to the generated ids (auto, default)")
     p.add_argument("--keep-truncated", action="store_true",
                    help="conversations: keep replies cut at max_new_tokens (dropped by default)")
     p.set_defaults(func=_cmd_export)

@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 ExportFormat: TypeAlias = Literal["tokens", "conversations"]
-ReasoningCarry: TypeAlias = Literal["field", "inline"]
+ReasoningCarry: TypeAlias = Literal["auto", "field", "inline"]
 SampleId: TypeAlias = int | str
 
 DROP_REASONS: tuple[str, ...] = (
@@ -125,9 +125,10 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
     `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
     `max_length`: count the rows it would cut instead of proposing one that fits.
-    `reasoning`: conversations carry the reasoning as `reasoning_content` ("field") or in
-    `content` between the model's think tags ("inline"); `keep_truncated` keeps replies cut
-    at max_new_tokens in conversations.
+    `reasoning`: conversations carry the reasoning as `reasoning_content` ("field"), in
+    `content` between the model's think tags ("inline"), or per row the first of these two
+    whose rendering with the chat template gives back the generated ids, else "field"
+    ("auto"); `keep_truncated` keeps replies cut at max_new_tokens in conversations.
     """
 
     format: ExportFormat = "tokens"
@@ -141,7 +142,7 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     trust_remote_code: bool = False
     trainer: str | None = None
     max_length: int | None = None
-    reasoning: ReasoningCarry = "field"
+    reasoning: ReasoningCarry = "auto"
     keep_truncated: bool = False
 
     def drop_rules(self) -> tuple[str, ...]:
@@ -555,14 +556,16 @@ class _Source:
                                                 f"(prompt of {row_id})")
         messages, tools = source
         tokenizer = self._tokenizer()
-        turn = _assistant_turn(output, self.profile, self.reasoning, tokenizer)
-        if self.options.reasoning == "inline":
-            turn = _inline_reasoning(turn, self.profile, tokenizer)
-        conversation = [*messages, turn]
-        if _renders_exactly(tokenizer, conversation, tools, self.ds.chat_template_kwargs,
-                            prompt_ids + output):
-            self.stats.exact = (self.stats.exact or 0) + 1
-        return _ConversationLine(row_id, self.name, conversation, tools)
+        field = _assistant_turn(output, self.profile, self.reasoning, tokenizer)
+        carries = {"field": [field], "inline": [_inline_reasoning(field, self.profile, tokenizer)]}
+        turns = carries.get(self.options.reasoning) or carries["field"] + carries["inline"]
+        for turn in turns:
+            conversation = [*messages, turn]
+            if _renders_exactly(tokenizer, conversation, tools, self.ds.chat_template_kwargs,
+                                prompt_ids + output):
+                self.stats.exact = (self.stats.exact or 0) + 1
+                return _ConversationLine(row_id, self.name, conversation, tools)
+        return _ConversationLine(row_id, self.name, [*messages, turns[0]], tools)
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -783,8 +786,9 @@ def _check_options(options: ExportOptions) -> None:
                                     f"(known: {', '.join(RECORD_RULES)})")
     if options.limit is not None and options.limit < 1:
         raise ConfigError("--limit", f"expected a number of at least 1, got {options.limit}")
-    if options.reasoning not in ("field", "inline"):
-        raise ConfigError("--reasoning", f"unknown value {options.reasoning!r} (known: field, inline)")
+    if options.reasoning not in ("auto", "field", "inline"):
+        raise ConfigError("--reasoning", f"unknown value {options.reasoning!r} "
+                                         "(known: auto, field, inline)")
     _check_trainer_options(options)
 
 
