@@ -5,7 +5,9 @@
 The run is bench/validate.py's (bench/common.py's realistic records plus prompts of the
 records' prompt lengths, cached in bench/data/). Each figure is the best of ``--repeat``
 exports with the files in the page cache: tokens to JSONL, tokens to Parquet, tokens shuffled,
-and tokens with the reasoning filters. Outputs are written to bench/data/ and removed.
+tokens with the reasoning filters, and `--for specforge` (rows plus the manifest), printed
+with its ratio to plain tokens -> JSONL measured here. Outputs are written to bench/data/ and
+removed.
 """
 
 from __future__ import annotations
@@ -47,14 +49,20 @@ def main(argv: list[str] | None = None) -> None:
         "tokens -> JSONL, shuffled": ("export.jsonl", ExportOptions(shuffle=True, seed=1)),
         "tokens -> JSONL, reasoning filters": ("export.jsonl", ExportOptions(
             drop=("truncated", "reasoning_unclosed", "empty_answer"))),
+        "--for specforge (rows + manifest)": ("export.jsonl", ExportOptions(trainer="specforge")),
     }
+    rates: dict[str, float] = {}
     for label, (name, options) in cases.items():
         target = DATA_DIR / name
         seconds, summary = timed(run, target, options, args.repeat)
         size = target.stat().st_size / MB
         target.unlink()
-        print(f"{label:<36} {summary.rows / seconds:8,.0f} rows/s  {megabytes / seconds:6.0f} MB/s in"
+        target.with_name(target.name + ".manifest.json").unlink(missing_ok=True)
+        rates[label] = summary.rows / seconds
+        print(f"{label:<36} {rates[label]:8,.0f} rows/s  {megabytes / seconds:6.0f} MB/s in"
               f"  ({summary.rows:,} rows, {size:,.0f} MB out, {seconds:.1f}s)")
+    ratio = rates["--for specforge (rows + manifest)"] / rates["tokens -> JSONL"]
+    print(f"--for specforge / tokens -> JSONL: {ratio:.2f}")
 
 
 if __name__ == "__main__":

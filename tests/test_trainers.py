@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES, jsonl, workbench
-from test_export import PROMPT, END, TE, export, plant, record
+from test_export import END, PROMPT, TE, export, plant, record
 
 from workbench.errors import ConfigError
 from workbench.export import format_summary

@@ -60,15 +60,6 @@ import numpy as np
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError, WorkbenchError
 from workbench.profiles import ModelProfile
-from workbench.trainers import (
-    TRAINERS,
-    RowEntry,
-    Trainer,
-    TrainerReport,
-    row_digest,
-    trainer_report,
-    write_manifest,
-)
 from workbench.records import (
     ERRORS_FILE,
     MANIFEST_FILE,
@@ -79,6 +70,15 @@ from workbench.records import (
     Row,
     iter_blocks,
     parse_lines,
+)
+from workbench.trainers import (
+    TRAINERS,
+    RowEntry,
+    Trainer,
+    TrainerReport,
+    row_digest,
+    trainer_report,
+    write_manifest,
 )
 from workbench.validate import (
     RECORD_RULES,

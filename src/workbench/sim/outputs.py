@@ -158,6 +158,9 @@ def _special_names(model: ModelProfile) -> dict[int, str]:
     return names
 
 
+_WORDS = re.compile(r"\w+|[^\w\s]+")  # the example tokenizer's pre-tokens (words, punctuation)
+
+
 @functools.cache
 def _special_split(model: ModelProfile) -> re.Pattern[str]:
     names = sorted(_special_names(model).values(), key=len, reverse=True)
@@ -187,9 +190,6 @@ def tokenize_text(text: str, model: ModelProfile) -> list[int]:
             token = text_corpus.by_token.get(word)
             ids.append(token if token is not None else _hashed(word, len(text_corpus.tokens)))
     return ids
-
-
-_WORDS = re.compile(r"\w+|[^\w\s]+")
 
 
 def _hashed(word: str, size: int) -> int:
