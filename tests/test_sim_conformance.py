@@ -333,3 +333,44 @@ def test_retraction_under_an_overfull_pool_loses_no_request() -> None:
     )
     assert any(line.startswith("KV cache pool is full. Retract requests. #retracted_reqs: ")
                for line in lines)
+
+
+@pytest.mark.anyio
+async def test_openai_completions_with_usage_and_stream(client: httpx.AsyncClient) -> None:
+    """serving_completions.py: choices with text and matched_stop, usage; a stream of text
+    deltas, then a usage chunk without choices (stream_options.include_usage), then [DONE]."""
+    body = {"model": "m", "prompt": "hello there", "max_tokens": 12, "ignore_eos": True}
+    reply = (await client.post("/v1/completions", json=body)).json()
+    assert reply["object"] == "text_completion" and reply["model"] == "m"
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["completion_tokens"] == 12
+    assert reply["usage"]["total_tokens"] == reply["usage"]["prompt_tokens"] + 12
+    streamed = await client.post(
+        "/v1/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    parts = chunks(streamed.text)
+    assert "".join(part["choices"][0]["text"] for part in parts[:-1]) == reply["choices"][0]["text"]
+    assert parts[-1]["choices"] == [] and parts[-1]["usage"]["completion_tokens"] == 12
+    bad = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
+    assert bad.status_code == 400 and bad.json()["object"] == "error"
+
+
+@pytest.mark.anyio
+async def test_openai_chat_splits_reasoning_with_a_parser() -> None:
+    """serving_chat.py with a reasoning parser: reasoning_content before the think-end id."""
+    async with client_for(SimConfig(reasoning_parser="kimi_k2", speed=20.0)) as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000}
+        reply = (await client.post("/v1/chat/completions", json=body)).json()
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
+        models = (await client.get("/v1/models")).json()
+    message = reply["choices"][0]["message"]
+    assert reply["object"] == "chat.completion" and message["role"] == "assistant"
+    assert message["reasoning_content"] and message["content"]
+    assert "</think>" not in message["content"] and "<|im_end|>" not in message["content"]
+    deltas = [part["choices"][0]["delta"] for part in chunks(streamed.text)]
+    assert "".join(delta["content"] for delta in deltas) == message["content"]
+    assert "".join(delta["reasoning_content"] or "" for delta in deltas) == (
+        message["reasoning_content"]
+    )
+    assert models["data"][0]["id"] == "sim/kimi-k2.5"

@@ -1,8 +1,9 @@
 """The simulator's HTTP API (SGLang's endpoints and shapes) and its uvicorn server.
 
-Endpoints: POST /generate (single, batch, streaming), GET /health, /health_generate,
-/server_info and /get_server_info, /model_info and /get_model_info, /v1/models, POST
-/flush_cache, and GET /metrics with --enable-metrics. With --api-key every path except the
+Endpoints: POST /generate (single, batch, streaming), POST /v1/completions and
+/v1/chat/completions (openai.py), GET /health, /health_generate, /server_info and
+/get_server_info, /model_info and /get_model_info, /v1/models, POST /flush_cache, and GET
+/metrics with --enable-metrics. With --api-key every path except the
 /health ones needs `Authorization: Bearer KEY`. Faults apply to /generate only.
 """
 
@@ -146,17 +147,26 @@ async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
+async def run_jobs(
+    server: SimServer, items: list[GenerateItem], receive: Receive
+) -> list[Job] | None:
+    """Run non-streaming jobs to the end; None (jobs cancelled) if the client left first."""
+    countdown = _Countdown()
+    countdown.jobs = [
+        server.start_job(item, stream=False, on_update=countdown.update) for item in items
+    ]
+    if not await _finished_before_disconnect(countdown.event, receive):
+        for job in countdown.jobs:
+            server.cancel(job)
+        return None
+    return countdown.jobs
+
+
 async def _complete(
     server: SimServer, batch: GenerateBatch, started: float, receive: Receive
 ) -> Response:
-    countdown = _Countdown()
-    countdown.jobs = [
-        server.start_job(item, stream=False, on_update=countdown.update) for item in batch.items
-    ]
-    jobs = countdown.jobs
-    if not await _finished_before_disconnect(countdown.event, receive):
-        for job in jobs:
-            server.cancel(job)
+    jobs = await run_jobs(server, batch.items, receive)
+    if jobs is None:
         return Response(status_code=499)
     e2e_latency = time.perf_counter() - started
     return _final(batch, [server.job_reply(job, e2e_latency) for job in jobs])
@@ -189,13 +199,13 @@ def _due(job: Job, sent: int, default_interval: int) -> bool:
     return interval == 1 or unsent >= interval or sent == 0
 
 
-async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> AsyncIterator[bytes]:
-    """SSE chunks with cumulative text and ids as the engine publishes them, then [DONE].
-
-    The first chunk follows the prefill with one token; `e2e_latency` is on the final chunk.
-    """
+async def stream_jobs(
+    server: SimServer, items: list[GenerateItem]
+) -> AsyncIterator[tuple[int, Job]]:
+    """(index, job) each time a streamed job has a chunk due, as the engine publishes tokens;
+    a done job (`job.request.done`) comes once, last. Unfinished jobs are cancelled on exit."""
     changed = asyncio.Event()
-    jobs = [server.start_job(item, stream=True, on_update=changed.set) for item in batch.items]
+    jobs = [server.start_job(item, stream=True, on_update=changed.set) for item in items]
     sent = [0] * len(jobs)
     pending = set(range(len(jobs)))
     interval = server.config.stream_interval
@@ -207,16 +217,24 @@ async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> As
                 job = jobs[index]
                 if job.request.done:
                     pending.discard(index)
-                    chunk = server.job_reply(job, time.perf_counter() - started)
-                elif _due(job, sent[index], interval):
-                    chunk = server.job_reply(job)
-                else:
+                elif not _due(job, sent[index], interval):
                     continue
                 sent[index] = job.request.published
-                yield _sse(_indexed(batch, index, chunk))
-        yield DONE
+                yield index, job
     finally:
         _cancel_unfinished(server, jobs)
+
+
+async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> AsyncIterator[bytes]:
+    """SSE chunks with cumulative text and ids as the engine publishes them, then [DONE].
+
+    The first chunk follows the prefill with one token; `e2e_latency` is on the final chunk.
+    """
+    async with contextlib.aclosing(stream_jobs(server, batch.items)) as events:
+        async for index, job in events:
+            e2e_latency = time.perf_counter() - started if job.request.done else None
+            yield _sse(_indexed(batch, index, server.job_reply(job, e2e_latency)))
+    yield DONE
 
 
 def _cancel_unfinished(server: SimServer, jobs: list[Job]) -> None:
@@ -287,8 +305,12 @@ def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -
 
     `log` receives the scheduler's log lines (none by default).
     """
+    from workbench.sim.openai import chat_completions, completions
+
     server = SimServer(config, log=log)
     routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/generate", generate, methods=["POST", "PUT"]),
         Route("/health", health),
         Route("/health_generate", health_generate),

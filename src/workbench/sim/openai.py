@@ -1,0 +1,286 @@
+"""The OpenAI routes SGLang serves: /v1/completions and /v1/chat/completions.
+
+Shapes follow `srt/entrypoints/openai/` (protocol.py, serving_completions.py,
+serving_chat.py): OpenAI's request keys map onto the same sampling parameters as /generate
+(`max_tokens` -> `max_new_tokens`, `min_tokens` -> `min_new_tokens`, `stop`, `n`, and
+SGLang's extras `top_k`, `ignore_eos`, `stop_token_ids`, `no_stop_trim`,
+`skip_special_tokens`); replies carry `usage` and SGLang's `matched_stop`. Streams send text
+deltas, then a `usage` chunk with no choices when `stream_options.include_usage` is set, then
+`[DONE]`. Chat prompts go through the chat template of the profile's tokenizer (with the
+request's `chat_template_kwargs`); with `--reasoning-parser` the reasoning before the
+think-end id comes back as `reasoning_content`. Errors use SGLang's OpenAI `ErrorResponse`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from workbench.sim.app import DONE, abort_response, run_jobs, stream_jobs
+from workbench.sim.completion import reply_text
+from workbench.sim.outputs import render_text
+from workbench.sim.protocol import GenerateItem, InvalidRequest, json_response, parse_generate
+from workbench.sim.sampling import ContractError
+from workbench.sim.server import Job, SimServer
+
+__all__ = ["chat_completions", "completions"]
+
+# OpenAI key -> sampling_params key (serving_completions / serving_chat `_build_sampling_params`).
+_SAMPLING_KEYS = {
+    "max_tokens": "max_new_tokens",
+    "max_completion_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "n": "n",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "no_stop_trim": "no_stop_trim",
+    "skip_special_tokens": "skip_special_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "seed": "sampling_seed",
+}
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def openai_error(message: str, status: int = 400, err_type: str = "BadRequestError") -> Response:
+    """serving_base `create_error_response`."""
+    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    return json_response(body, status)
+
+
+def _sampling(body: dict[str, Any], default_max_tokens: int | None) -> dict[str, Any]:
+    params = {
+        target: body[key] for key, target in _SAMPLING_KEYS.items() if body.get(key) is not None
+    }
+    if "max_new_tokens" not in params and default_max_tokens is not None:
+        params["max_new_tokens"] = default_max_tokens
+    return params
+
+
+async def completions(request: Request) -> Response:
+    """POST /v1/completions."""
+    server: SimServer = request.app.state.server
+    body = await _body(request)
+    if isinstance(body, Response):
+        return body
+    prompt = body.get("prompt")
+    key = "text" if isinstance(prompt, str) or _strings(prompt) else "input_ids"
+    native = {key: prompt, "sampling_params": _sampling(body, COMPLETIONS_MAX_TOKENS)}
+    return await _serve(request, server, body, native, chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    server: SimServer = request.app.state.server
+    body = await _body(request)
+    if isinstance(body, Response):
+        return body
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return openai_error("messages must be a non-empty list")
+    kwargs = body.get("chat_template_kwargs") or {}
+    ids = chat_prompt_ids(server, messages, kwargs)
+    native = {"input_ids": ids, "sampling_params": _sampling(body, None)}
+    return await _serve(request, server, body, native, chat=True)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(one, str) for one in value)
+
+
+async def _body(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = msgspec.json.decode(await request.body())
+    except msgspec.DecodeError as exc:
+        return openai_error(f"Invalid JSON: {exc}")
+    if not isinstance(body, dict):
+        return openai_error("the request body must be a JSON object")
+    return body
+
+
+async def _serve(
+    request: Request, server: SimServer, body: dict[str, Any], native: dict[str, Any], chat: bool
+) -> Response:
+    try:
+        items = parse_generate(native, server.model, server.limits).items
+    except (ContractError, InvalidRequest) as exc:
+        return openai_error(str(exc))
+    reply = _Reply(server, body, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+    if body.get("stream"):
+        return StreamingResponse(reply.stream(items), media_type="text/event-stream")
+    jobs = await run_jobs(server, items, request.receive)
+    if jobs is None:
+        return Response(status_code=499)
+    aborted = next((job for job in jobs if job.request.aborted), None)
+    if aborted is not None:
+        return abort_response(
+            {"message": aborted.request.abort_message, "status_code": aborted.request.abort_status}
+        )
+    return json_response(reply.complete(jobs))
+
+
+@functools.cache
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def chat_prompt_ids(
+    server: SimServer, messages: list[Any], kwargs: dict[str, Any]
+) -> list[int] | str:
+    """The prompt ids from the profile tokenizer's chat template; without a tokenizer (or
+    without transformers) the messages' contents as simulator text."""
+    path = server.tokenizer_path
+    if path is not None:
+        with contextlib.suppress(ImportError):
+            ids = _tokenizer(path).apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, **kwargs
+            )
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return " ".join(str(one.get("content", "")) for one in messages if isinstance(one, dict))
+
+
+class _Reply:
+    """Formats jobs as OpenAI replies and stream chunks."""
+
+    def __init__(self, server: SimServer, body: dict[str, Any], chat: bool, rid: str) -> None:
+        self.server = server
+        self.chat = chat
+        self.rid = rid
+        self.model = body.get("model") or server.served_model_name
+        self.created = int(time.time())
+        options = body.get("stream_options") or {}
+        self.include_usage = bool(options.get("include_usage"))
+        self.split = (
+            chat and server.config.reasoning_parser is not None and server.model.is_reasoning
+        )
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.rid, "object": kind, "created": self.created, "model": self.model}
+
+    def _finish(self, job: Job) -> tuple[str | None, int | str | None]:
+        if not job.request.done:
+            return None, None
+        if job.request.aborted:
+            return "abort", None
+        completion = job.completion
+        return completion.finish, completion.matched
+
+    def _texts(self, job: Job, upto: int) -> tuple[str, str]:
+        """(reasoning, content) text of the first `upto` ids (reasoning empty unless split)."""
+        ids = job.completion.output_ids[:upto]
+        finish, matched = self._finish(job)
+        matched = matched if finish == "stop" else None
+        model = self.server.model
+        if not self.split:
+            return "", reply_text(ids, matched, job.item.sampling, model)
+        think_end = model.think_end
+        if think_end not in ids:
+            reasoning = [token for token in ids if token != model.think_start]
+            return render_text(reasoning, model), ""
+        cut = ids.index(think_end)
+        reasoning = [token for token in ids[:cut] if token != model.think_start]
+        answer = reply_text(ids[cut + 1 :], matched, job.item.sampling, model)
+        return render_text(reasoning, model), answer
+
+    def _usage(self, jobs: list[Job]) -> dict[str, Any]:
+        prompt = sum(len(job.item.input_ids) for job in jobs if job.item.sample == 0)
+        completion = sum(job.request.published for job in jobs)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
+
+    def _choice(self, index: int, job: Job) -> dict[str, Any]:
+        finish, matched = self._finish(job)
+        reasoning, content = self._texts(job, job.request.published)
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice["message"] = {
+                "role": "assistant",
+                "content": content,
+                "reasoning_content": reasoning or None,
+            }
+        else:
+            choice["text"] = content
+        choice.update(logprobs=None, finish_reason=finish, matched_stop=matched)
+        return choice
+
+    def complete(self, jobs: list[Job]) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {
+            **self._head(kind),
+            "choices": [self._choice(index, job) for index, job in enumerate(jobs)],
+            "usage": self._usage(jobs),
+            "metadata": {"weight_version": "default"},
+        }
+
+    async def stream(self, items: list[GenerateItem]) -> AsyncIterator[bytes]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        sent = [("", "")] * len(items)
+        jobs: dict[int, Job] = {}
+        async with contextlib.aclosing(stream_jobs(self.server, items)) as events:
+            async for index, job in events:
+                jobs[index] = job
+                if job.request.done and job.request.aborted:
+                    yield _sse(self._stream_error(job))
+                    break
+                chunk = {**self._head(kind), "choices": [self._delta(index, job, sent)]}
+                yield _sse(chunk)
+        if self.include_usage:
+            yield _sse(
+                {**self._head(kind), "choices": [], "usage": self._usage(list(jobs.values()))}
+            )
+        yield DONE
+
+    def _delta(self, index: int, job: Job, sent: list[tuple[str, str]]) -> dict[str, Any]:
+        reasoning, content = self._texts(job, job.request.published)
+        old_reasoning, old_content = sent[index]
+        sent[index] = (reasoning, content)
+        finish, matched = self._finish(job)
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": content[len(old_content) :]}
+            if self.split:
+                delta["reasoning_content"] = reasoning[len(old_reasoning) :] or None
+            choice["delta"] = delta
+        else:
+            choice["text"] = content[len(old_content) :]
+        choice.update(logprobs=None, finish_reason=finish, matched_stop=matched)
+        return choice
+
+    def _stream_error(self, job: Job) -> dict[str, Any]:
+        """serving_base `create_streaming_error_response`."""
+        status = job.request.abort_status
+        message = job.request.abort_message or "Generation aborted."
+        return {
+            "error": {
+                "object": "error",
+                "message": message,
+                "type": str(status),
+                "param": None,
+                "code": status,
+            }
+        }
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
