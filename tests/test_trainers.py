@@ -120,6 +120,7 @@ def test_every_demo_row_round_trips_except_the_reasoning_the_template_drops(
         ids, mask = tokens[row["id"]]["input_ids"], tokens[row["id"]]["loss_mask"]
         prompt, output = ids[: mask.index(1)], ids[mask.index(1):]
         *messages, turn = row["conversations"]
+        assert messages[0]["role"] == "system"  # the template's default one made explicit
         assert tok.encode(tok.apply_chat_template(messages, tokenize=False, thinking=True,
                                                   add_generation_prompt=True)) == prompt
         cut = output.index(TE)

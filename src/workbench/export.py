@@ -488,6 +488,7 @@ class _Source:
         self.seen: set[SampleId] = set()
         self.tokenizer: Any = None
         self.messages: _Messages | None = None
+        self.default_system: str | None | object = _UNSET
         self.prompts = _Prompts(ds.prompts_path)
 
     def close(self) -> None:
@@ -556,6 +557,7 @@ class _Source:
                                                 f"(prompt of {row_id})")
         messages, tools = source
         tokenizer = self._tokenizer()
+        messages = self._with_seen_system(messages, tools, prompt_ids)
         field = _assistant_turn(output, self.profile, self.reasoning, tokenizer)
         carries = {"field": [field], "inline": [_inline_reasoning(field, self.profile, tokenizer)]}
         turns = carries.get(self.options.reasoning) or carries["field"] + carries["inline"]
@@ -566,6 +568,23 @@ class _Source:
                 self.stats.exact = (self.stats.exact or 0) + 1
                 return _ConversationLine(row_id, self.name, conversation, tools)
         return _ConversationLine(row_id, self.name, [*messages, turns[0]], tools)
+
+    def _with_seen_system(self, messages: list[Any], tools: list[Any] | None,
+                          prompt_ids: list[int]) -> list[Any]:
+        """The messages with the system prompt the template put in when they had none, when
+        that gives back the prompt's ids: the model saw it, and a trainer would otherwise put
+        in its own."""
+        if messages and messages[0].get("role") == "system":
+            return messages
+        if self.default_system is _UNSET:
+            self.default_system = _default_system(self._tokenizer(), messages, tools,
+                                                  self.ds.chat_template_kwargs)
+        if not isinstance(self.default_system, str):
+            return messages
+        explicit = [{"role": "system", "content": self.default_system}, *messages]
+        rendered = _render(self._tokenizer(), explicit, tools, self.ds.chat_template_kwargs,
+                           generation_prompt=True)
+        return explicit if rendered == prompt_ids else messages
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -628,12 +647,44 @@ def _renders_exactly(tokenizer: Any, conversation: list[Any], tools: list[Any] |
                      kwargs: dict[str, Any], ids: list[int]) -> bool:
     """Whether the chat template renders `conversation` back to exactly `ids` (decode,
     re-render, re-encode: what a trainer that applies the template itself will train on)."""
+    return _render(tokenizer, conversation, tools, kwargs) == ids
+
+
+def _render(tokenizer: Any, messages: list[Any], tools: list[Any] | None,
+            kwargs: dict[str, Any], *, generation_prompt: bool = False) -> list[int] | None:
+    """The ids of `messages` rendered with the chat template; None when it cannot render them."""
+    text = _render_text(tokenizer, messages, tools, kwargs, generation_prompt)
+    return None if text is None else list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render_text(tokenizer: Any, messages: list[Any], tools: list[Any] | None,
+                 kwargs: dict[str, Any], generation_prompt: bool = False) -> str | None:
     try:
-        text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False,
-                                             add_generation_prompt=False, **kwargs)
+        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                 add_generation_prompt=generation_prompt,
+                                                 **kwargs))
     except Exception:  # noqa: BLE001 (a template that cannot render the row is not exact)
-        return False
-    return list(tokenizer.encode(text, add_special_tokens=False)) == ids
+        return None
+
+
+_UNSET = object()
+_MARK = "\ufffcsystem\ufffc"
+
+
+def _default_system(tokenizer: Any, messages: list[Any], tools: list[Any] | None,
+                    kwargs: dict[str, Any]) -> str | None:
+    """The system prompt the chat template puts in when the messages have none (Kimi-K2.5's
+    "You are Kimi, ..."), found by rendering a marked system message in its place; None when
+    the template puts in none."""
+    plain = _render_text(tokenizer, messages, tools, kwargs)
+    marked = _render_text(tokenizer, [{"role": "system", "content": _MARK}, *messages], tools,
+                          kwargs)
+    if plain is None or marked is None or marked.count(_MARK) != 1:
+        return None
+    head, tail = marked.split(_MARK)
+    if len(plain) <= len(head) + len(tail) or not (plain.startswith(head) and plain.endswith(tail)):
+        return None
+    return plain[len(head): len(plain) - len(tail)]
 
 
 # --- tokenizers and source messages ----------------------------------------------------------
