@@ -727,7 +727,7 @@ def test_every_formatting_takes_the_block_path_and_reads_the_same(
 
     data = b"".join(_formatted({**value, "ts": 1.0 + n}, style) for n in range(3))
     chunk = records._Chunk(data, len(data), 0)
-    emptied = records._without_output_ids(chunk)
+    emptied = records._without_arrays(data, len(data), b'"output_ids"')
     assert emptied is not None
     assert len(re.findall(rb'"output_ids" ?: ?\[\]', emptied)) == ("output_ids" in value) * 3
     assert records._decode_whole(records._ROWS.decoder, chunk) is not None  # no line-by-line
@@ -753,3 +753,13 @@ def test_look_alike_keys_change_no_value(text: bytes) -> None:
     assert problems == [] and [(r.sample_id, r.ts) for r in rows] == [(1, 2.0)]
     rows, _ = parse_lines(text, with_output_ids=True)
     assert rows[0].output_ids == json.loads(text).get("output_ids")
+
+
+def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
+    from workbench import records
+
+    data = b"".join(_formatted({"sample_id": n, "input_ids": [5] * n}, "dumps") for n in range(4))
+    chunk = records._Chunk(data, len(data), 0)
+    assert records._without_arrays(data, len(data), b'"input_ids"').count(b"[]") == 4
+    assert records._decode_whole(records._ROWS.decoder, chunk) is not None
+    assert [r.sample_id for r in parse_lines(data)[0]] == [0, 1, 2, 3]

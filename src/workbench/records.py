@@ -571,8 +571,14 @@ def _decode_whole(
     decoder: msgspec.json.Decoder[Any], chunk: _Chunk, *, keep_output_ids: bool = False
 ) -> list[Any] | None:
     """Every line of the chunk decoded in one call, or None unless each is one clean object."""
-    data = chunk.whole() if keep_output_ids else _without_output_ids(chunk)
-    return None if data is None else _decode_aligned(decoder, data)
+    data, size = chunk.data, chunk.size
+    for key in _ID_KEYS[keep_output_ids:]:
+        emptied = _without_arrays(data, size, key)
+        if emptied is None:
+            return None
+        if emptied is not data:
+            data, size = emptied, len(emptied)
+    return _decode_aligned(decoder, data if size == len(data) else data[:size])
 
 
 def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any] | None:
@@ -596,7 +602,7 @@ def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any
     return items if len(items) == lines else None
 
 
-_OUTPUT_IDS_KEY = b'"output_ids"'
+_ID_KEYS = (b'"output_ids"', b'"input_ids"')  # token id arrays no reader decodes (but output_ids)
 _INLINE_SPACE = frozenset(b" \t")
 _COLON, _BRACKET = ord(":"), ord("[")
 
@@ -621,26 +627,26 @@ def _array_after_key(data: bytes, position: int, size: int) -> int:
     return -1
 
 
-def _without_output_ids(chunk: _Chunk) -> bytes | None:
-    """The chunk's lines with every ``"output_ids": [...]`` array emptied, or None.
+def _without_arrays(data: bytes, size: int, key: bytes) -> bytes | None:
+    """The lines ``data[:size]`` with every ``"key": [...]`` array emptied (data itself when
+    there is none), or None.
 
-    Parsing the digits of the token ids is most of a scan's cost; finding the closing bracket
-    with a byte search is not. Any formatting works (compact, ``json.dumps`` defaults, any key
-    order, every layout). A match of the quoted key always ends at a real closing quote (a
-    quote inside a string is escaped), so the colon and bracket after it are JSON structure:
-    emptying an array of an unread field (a nested ``output_ids``) changes no value read. An
-    array holding a newline or a string (as when a torn line has the next record appended to
-    it) gives None; a nested array leaves bytes that fail to decode. Either way the chunk is
-    then decoded line by line from its original bytes. Nothing else inside an emptied array
-    is checked: a line with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
+    Parsing the digits of token ids (``output_ids`` of records, ``input_ids`` of prompts)
+    is most of a scan's cost; finding the closing bracket with a byte search is not. Any
+    formatting works (compact, ``json.dumps`` defaults, any key order, every layout). A
+    match of the quoted key always ends at a real closing quote (a quote inside a string is
+    escaped), so the colon and bracket after it are JSON structure: emptying an array of an
+    unread field (a nested ``output_ids``) changes no value read. An array holding a newline
+    or a string (as when a torn line has the next record appended to it) gives None; a
+    nested array leaves bytes that fail to decode. Either way the chunk is then decoded line
+    by line from its original bytes. Nothing else inside an emptied array is checked: a line
+    with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
     """
-    data, size = chunk.data, chunk.size
     view = memoryview(data)
     pieces: list[memoryview] = []
-    position = 0
-    search = 0
-    while (key := data.find(_OUTPUT_IDS_KEY, search, size)) >= 0:
-        search = key + len(_OUTPUT_IDS_KEY)
+    position = search = 0
+    while (found := data.find(key, search, size)) >= 0:
+        search = found + len(key)
         start = _array_after_key(data, search, size)
         if start < 0:
             continue
@@ -649,6 +655,8 @@ def _without_output_ids(chunk: _Chunk) -> bytes | None:
             return None
         pieces.append(view[position:start])
         position = search = end
+    if not pieces:
+        return data
     pieces.append(view[position:size])
     return b"".join(pieces)
 
