@@ -289,3 +289,32 @@ def _no_stray_outputs() -> Iterator[None]:
     before = set((ROOT / "notebooks").iterdir())
     yield
     assert set((ROOT / "notebooks").iterdir()) == before
+
+
+def test_reports_say_how_long_they_took(reports: dict[str, Any]) -> None:
+    for result in reports.values():
+        seconds = result.seconds
+        assert set(seconds) == {"notebook", "html", "total"} and min(seconds.values()) > 0
+        assert seconds["total"] >= seconds["notebook"] + seconds["html"]
+
+
+def test_jupyter_imports_skip_the_iri_grammar_and_still_validate_notebooks() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from workbench.reports import fast_jupyter_imports, notebooks_dir\n"
+        "fast_jupyter_imports()\n"
+        "import nbformat\n"
+        "assert 'rfc3987_syntax' not in sys.modules\n"
+        "nb = nbformat.read(notebooks_dir() / 'explore.ipynb', as_version=4)\n"
+        "nbformat.validate(nb)\n"
+        "nb.cells[0].pop('source')\n"
+        "try:\n"
+        "    nbformat.validate(nb)\n"
+        "except nbformat.ValidationError:\n"
+        "    print('invalid caught')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "invalid caught", done.stderr

@@ -487,6 +487,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise
     print(f"executed notebook: {result.notebook_path}")
     print(result.html_path)
+    took = result.seconds
+    print(f"report time: {took['total']:.1f}s (notebook {took['notebook']:.1f}s, "
+          f"HTML {took['html']:.1f}s)", file=sys.stderr)
     return 0
 
 

@@ -200,6 +200,7 @@ def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:
             file.write(data)
         try:
+            os.chmod(file.name, 0o644)  # like the run's other files, not the temp file's 0600
             os.replace(file.name, path)
         except OSError:
             os.unlink(file.name)

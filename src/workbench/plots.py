@@ -105,6 +105,9 @@ class OfflineRenderer(MimetypeRenderer):  # type: ignore[misc]
 
 def setup_notebook() -> None:
     """Render figures inline and offline (OfflineRenderer), in the workbench style."""
+    from workbench.reports import fast_jupyter_imports
+
+    fast_jupyter_imports()  # plotly's renderers import nbformat
     pio.templates[TEMPLATE] = _template()
     pio.templates.default = f"plotly_white+{TEMPLATE}"
     pio.renderers[TEMPLATE] = OfflineRenderer()

@@ -27,6 +27,7 @@ cell of format_validation ``workbench validate --json``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import os
@@ -34,7 +35,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ __all__ = [
     "default_params",
     "demo_reports",
     "export_html",
+    "fast_jupyter_imports",
     "link_latest",
     "load_parameters",
     "notebook_parameters",
@@ -98,6 +100,27 @@ class ReportResult:
     html_path: Path
     notebook_path: Path
     parameters: Mapping[str, Any]
+    seconds: Mapping[str, float] = field(default_factory=dict)  # "notebook", "html", "total"
+
+
+def fast_jupyter_imports() -> None:
+    """Load jsonschema without the rfc3987_syntax package, once per process.
+
+    nbformat (under papermill, nbconvert and plotly's renderers) imports jsonschema, which
+    builds rfc3987_syntax's IRI grammar at import when that package is installed: seconds of
+    every report's start, in the driver and again in the kernel, for "iri" format checks
+    that nothing here asks for (notebook validation checks no formats). Hidden while
+    jsonschema loads; importing rfc3987_syntax afterwards works as usual.
+    """
+    if "jsonschema" in sys.modules or sys.modules.get("rfc3987_syntax") is not None:
+        return
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # an ImportError on import
+    try:
+        with contextlib.suppress(ImportError):
+            import jsonschema  # noqa: F401
+    finally:
+        if sys.modules.get("rfc3987_syntax", 0) is None:
+            del sys.modules["rfc3987_syntax"]
 
 
 # --- notebooks and their parameters ----------------------------------------------------------
@@ -141,6 +164,7 @@ def default_params(name: str) -> Path | None:
 
 
 def _parameters_source(notebook: Path) -> str:
+    fast_jupyter_imports()
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
@@ -345,6 +369,7 @@ def link_latest(folder: Path, name: str) -> Path | None:
 
 def _source_index(executed: Path, cell_index: int) -> int:
     """The failing cell's index in the source notebook (papermill inserts one cell)."""
+    fast_jupyter_imports()
     import nbformat
 
     cells = nbformat.read(executed, as_version=4).cells
@@ -362,6 +387,7 @@ def _failure(name: str, executed: Path, exc: Any) -> ReportError:
 
 def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str, Any],
              timeout: float | None) -> None:
+    fast_jupyter_imports()
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -381,6 +407,7 @@ def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str,
 def export_html(notebook: str | os.PathLike[str], html_path: str | os.PathLike[str], title: str) -> Path:
     """An executed notebook as one self-contained HTML page: code and prompts hidden, no
     script loaded from the network (figures carry plotly.js inline)."""
+    fast_jupyter_imports()
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
@@ -417,13 +444,17 @@ def run_report(
         from workbench.stats import check_run_dir
 
         check_run_dir(parameters["run_dir"])
+    started = time.perf_counter()
     folder = _report_folder(Path(out_dir), name, time.time())
     executed = folder / f"{name}.ipynb"
     _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
+    ran = time.perf_counter()
     title = name.replace("_", " ").capitalize()
     html_path = export_html(executed, folder / f"{name}.html", title)
     link_latest(folder, name)
-    return ReportResult(name, html_path.resolve(), executed.resolve(), parameters)
+    done = time.perf_counter()
+    seconds = {"notebook": ran - started, "html": done - ran, "total": done - started}
+    return ReportResult(name, html_path.resolve(), executed.resolve(), parameters, seconds)
 
 
 def demo_reports(
@@ -443,6 +474,7 @@ def demo_reports(
 def cell_data(notebook: str | os.PathLike[str], tag: str) -> Any:
     """The DATA_MIME payload of the executed cell tagged `tag` (its last one); KeyError if
     no such cell holds one."""
+    fast_jupyter_imports()
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
