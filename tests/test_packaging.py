@@ -91,3 +91,24 @@ def test_latest_link_follows_the_newest_report(tmp_path: Path) -> None:
     link_latest(second, "td")
     assert (tmp_path / "td-latest").resolve() == second.resolve()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["td-20260101-000000", "td-20260101-000100", "td-latest"]
+
+
+def test_precommit_strips_what_lab_saves_into_notebooks() -> None:
+    import re
+
+    import nbformat
+    from nbstripout import strip_output
+
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    (hook,) = [h for repo in config["repos"] for h in repo["hooks"] if h["id"] == "nbstripout"]
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        assert re.search(hook["files"], str(notebook.relative_to(ROOT)))
+    nb = nbformat.read(ROOT / "notebooks" / "token_distribution.ipynb", as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for count, cell in enumerate(code, 1):  # what a Lab session leaves behind
+        cell.execution_count = count
+        cell.outputs = [nbformat.v4.new_output("display_data", {"text/html": "<script>" + "x" * 10**6})]
+    stripped = strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    assert all(cell.outputs == [] and cell.execution_count is None for cell in stripped.cells
+               if cell.cell_type == "code")
+    assert any("parameters" in cell.metadata.get("tags", []) for cell in stripped.cells)

@@ -206,7 +206,16 @@ def test_empty_inputs_give_a_figure_with_a_message() -> None:
     assert fig.layout.annotations[0].text == "no records"
 
 
-def test_offline_renderer_inlines_plotly_once() -> None:
+def test_lab_figures_carry_data_not_plotly_js(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(plots.REPORT_ENV, raising=False)
+    plots.setup_notebook()
+    bundle = pio.renderers._build_mime_bundle(go.Figure(go.Scatter(x=[1], y=[2])).to_dict())
+    assert set(bundle) == {"application/vnd.plotly.v1+json"}
+    assert len(json.dumps(bundle)) < 20_000
+
+
+def test_offline_renderer_inlines_plotly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plots.REPORT_ENV, "1")
     plots.setup_notebook()
     fig = go.Figure(go.Scatter(x=[1], y=[2]))
     first = pio.renderers._build_mime_bundle(fig.to_dict(), "workbench")

@@ -10,15 +10,17 @@ Colours are stable across a report: a dataset's colour is its position in the ``
 categories of the frame (every shaped frame lists all of the run's datasets there);
 finish reasons and severities have fixed colours.
 
-:func:`setup_notebook` makes figures render with plotly.js inlined once in the notebook
-(so an exported HTML file opens offline; see :class:`OfflineRenderer`) and with the plotly
-mimetype as well (JupyterLab draws that one).
+:func:`setup_notebook` makes figures render, in a report run, with plotly.js inlined once
+in the notebook (so an exported HTML file opens offline; see :class:`OfflineRenderer`) and
+with the plotly mimetype as well; in JupyterLab with the mimetype only (Lab draws it), so
+saving a notebook never stores plotly.js.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,12 +32,14 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
+from workbench.reports import REPORT_ENV
 from workbench.stats import RunStats, format_count, format_duration
 
 __all__ = [
     "DATA_MIME",
     "PALETTE",
     "REASON_COLORS",
+    "REPORT_ENV",
     "SEVERITY_COLORS",
     "OfflineRenderer",
     "Rendered",
@@ -103,15 +107,27 @@ class OfflineRenderer(MimetypeRenderer):  # type: ignore[misc]
         return {**pio.renderers["plotly_mimetype"].to_mimebundle(fig_dict), "text/html": markup}
 
 
-def setup_notebook() -> None:
-    """Render figures inline and offline (OfflineRenderer), in the workbench style."""
+def setup_notebook(offline: bool | None = None) -> None:
+    """Figures in the workbench style, rendered for where the notebook runs.
+
+    In a report run (`offline`, by default when :data:`REPORT_ENV` is set, as
+    :mod:`workbench.reports` does for its kernels) with plotly.js inlined once
+    (OfflineRenderer), so the exported HTML opens offline. Elsewhere (JupyterLab) only the
+    plotly mimetype, which Lab draws with its own plotly.js: a saved notebook then holds the
+    figures' data, not a copy of the library (megabytes per save).
+    """
     from workbench.reports import fast_jupyter_imports
 
     fast_jupyter_imports()  # plotly's renderers import nbformat
     pio.templates[TEMPLATE] = _template()
     pio.templates.default = f"plotly_white+{TEMPLATE}"
-    pio.renderers[TEMPLATE] = OfflineRenderer()
-    pio.renderers.default = TEMPLATE
+    if offline is None:
+        offline = os.environ.get(REPORT_ENV) == "1"
+    if offline:
+        pio.renderers[TEMPLATE] = OfflineRenderer()
+        pio.renderers.default = TEMPLATE
+    else:
+        pio.renderers.default = "plotly_mimetype"
 
 
 # --- report blocks ---------------------------------------------------------------------------

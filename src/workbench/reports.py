@@ -34,7 +34,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ __all__ = [
     "DEMO_REPORTS",
     "PATH_PARAMETERS",
     "REPORTS",
+    "REPORT_ENV",
     "ReportResult",
     "cell_data",
     "default_params",
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 DATA_MIME = "application/vnd.workbench.data+json"
+REPORT_ENV = "WORKBENCH_REPORT"  # "1" in the kernels executing reports: figures inline plotly.js
 REPORTS = ("token_distribution", "format_validation", "explore")
 DEMO_REPORTS = ("token_distribution", "format_validation")
 PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params")
@@ -385,6 +387,20 @@ def _failure(name: str, executed: Path, exc: Any) -> ReportError:
                        f"(executed notebook: {executed})")
 
 
+@contextlib.contextmanager
+def _report_kernel_env() -> Iterator[None]:
+    """REPORT_ENV set for the kernels started meanwhile (they inherit the environment)."""
+    previous = os.environ.get(REPORT_ENV)
+    os.environ[REPORT_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(REPORT_ENV, None)
+        else:
+            os.environ[REPORT_ENV] = previous
+
+
 def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str, Any],
              timeout: float | None) -> None:
     fast_jupyter_imports()
@@ -392,10 +408,11 @@ def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str,
     from papermill.exceptions import PapermillExecutionError
 
     try:
-        papermill.execute_notebook(
-            str(notebook), str(executed), parameters=dict(parameters), kernel_name="python3",
-            progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout,
-            kernel_manager_class=_kernel_manager_class())
+        with _report_kernel_env():
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters=dict(parameters), kernel_name="python3",
+                progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout,
+                kernel_manager_class=_kernel_manager_class())
     except PapermillExecutionError as exc:
         raise _failure(name, executed, exc) from None
     except (RuntimeError, TimeoutError, OSError) as exc:  # a dead kernel, a cell timeout,
