@@ -8,11 +8,13 @@ datasets of a run):
                     over the output (the layout vLLM speculators' regeneration writes).
                     JSONL (.jsonl) or Parquet (.parquet, .pq: input_ids list<int32>,
                     loss_mask list<int8>, one row group per 1,024 rows).
-    conversations   {"id", "dataset", "conversations"}: the source file's messages and an
-                    assistant turn {"role", "content", "reasoning_content"} split at the model
-                    profile's think-end id and decoded with the dataset's tokenizer (for
-                    trainers that apply the chat template themselves). JSONL only, from
-                    datasets whose input is ``messages`` in a JSONL source file.
+    conversations   {"id", "dataset", "conversations"[, "tools"]}: the source file's messages
+                    (and tools) and an assistant turn {"role", "content", "reasoning_content"}
+                    split at the model profile's think-end id and decoded with the dataset's
+                    tokenizer (for trainers that apply the chat template themselves). JSONL
+                    only, from datasets whose input is ``messages`` in a JSONL source file.
+    --for TRAINER   tokens rows as that trainer reads them, {"input_ids", "loss_mask"} only,
+                    JSONL only, with a manifest beside the file (trainers.py).
 
 `tokens` is exact: the ids are the ones the server saw and produced. When ``len(output_ids)``
 exceeds ``completion_tokens`` by k and the first k output ids repeat the prompt's last k ids
@@ -26,6 +28,11 @@ Conversations: the reasoning is the ids before the first think-end id (a leading
 id removed), the content the ids after it; end ids at the end are removed, and newlines
 around both texts stripped (chat templates put them back). Without a think-end id a reply
 of a thinking dataset is all reasoning (cut short); with thinking off, all content.
+Replies cut at max_new_tokens are dropped (``truncated``) unless ``keep_truncated``. When the
+messages have no system message and the chat template put in a default one (Kimi-K2.5's), it
+is written out, so a trainer renders the prompt the model saw. Each row is rendered back with
+the chat template and the generation's ``chat_template_kwargs``; the summary counts the rows
+that give back the generated ids (``exact``), and ``reasoning`` says where the reasoning goes.
 
 Records dropped, by reason (the summary counts each record once, under the first):
 
