@@ -57,6 +57,8 @@ def test_a_given_max_length_counts_the_rows_it_cuts_and_drops(tmp_path: Path) ->
     assert (lengths["b"].cut, lengths["b"].dropped) == (1, 1)
     assert (lengths["all"].cut, lengths["all"].dropped) == (2, 1) and not summary.trainer.fits
     assert "--seq-length 20" in summary.trainer.command
+    fitting = export(tmp_path / "run", tmp_path / "t.jsonl", trainer="specforge")
+    assert fitting.trainer.at_default.cut == 0 and "default" not in format_summary(fitting)
     assert "b: 1 rows; 42/42/42/42; 1 rows cut, 1 of them left with no supervised token" in (
         format_summary(summary))
 
@@ -175,3 +177,16 @@ def test_auto_carries_the_reasoning_the_way_the_template_gives_back(demo_run: Pa
                for row in jsonl(tmp_path / "auto.jsonl"))
     written = auto.datasets["B1_glaive"].written
     assert f"{written} of {written} re-render to the generated ids" in format_summary(auto)
+
+
+def test_the_trainers_default_max_length_is_called_out_when_it_cuts(demo_run: Path,
+                                                                    tmp_path: Path) -> None:
+    summary = export(demo_run, tmp_path / "t.jsonl", trainer="specforge")
+    longest = summary.trainer.lengths["all"].max
+    assert longest > 2048 and summary.trainer.max_length >= longest
+    at_default = summary.trainer.at_default
+    cut = export(demo_run, tmp_path / "t.jsonl", trainer="specforge", max_length=2048)
+    assert (at_default.cut, at_default.dropped) == (cut.trainer.lengths["all"].cut,
+                                                    cut.trainer.lengths["all"].dropped)
+    assert (f"specforge's default data.max_length 2,048 would cut {at_default.cut:,} rows and "
+            f"drop {at_default.dropped:,} of them") in format_summary(summary)

@@ -991,6 +991,11 @@ def _trainer_lines(report: TrainerReport) -> list[str]:
                 f"supervised token (the trainer drops them)" if figures.cut else "none cut")
         lines.append(f"  {name}: {figures.rows:,} rows; {figures.p50:,}/{figures.p90:,}/"
                      f"{figures.p99:,}/{figures.max:,}; {cost}")
+    default = report.at_default
+    if default.cut and report.max_length != report.default_max_length:
+        lines.append(f"{report.trainer}'s default {report.length_key} "
+                     f"{report.default_max_length:,} would cut {default.cut:,} rows and drop "
+                     f"{default.dropped:,} of them without a word: pass the one below")
     lines.append(f"manifest: {report.manifest}")
     lines.append(f"train with: {report.command}")
     return lines

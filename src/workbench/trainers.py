@@ -94,12 +94,18 @@ class LengthReport(msgspec.Struct):
 
 
 class TrainerReport(msgspec.Struct):
+    """What `max_length` does to the rows (per dataset and "all"), the command, the manifest;
+    `at_default`: what the trainer's own default max_length would do to all rows."""
+
     trainer: str
     max_length: int
     fits: bool
     command: str
     manifest: str
     lengths: dict[str, LengthReport]
+    length_key: str
+    default_max_length: int
+    at_default: LengthReport
 
 
 def _lengths(entries: Sequence[RowEntry], max_length: int) -> LengthReport:
@@ -131,7 +137,8 @@ def trainer_report(
     lengths = {**by_dataset, "all": _lengths(entries, length)}
     return TrainerReport(trainer.name, length, lengths["all"].cut == 0,
                          trainer.command(target, length, model), str(manifest_path(target)),
-                         lengths)
+                         lengths, trainer.length_key, trainer.default_max_length,
+                         _lengths(entries, trainer.default_max_length))
 
 
 def manifest_path(target: Path) -> Path:
