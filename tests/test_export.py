@@ -77,8 +77,11 @@ def test_parquet_matches_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(export_module, "ROW_GROUP_ROWS", 2)
     plant(tmp_path / "run", "ds", [record(i, [i + 10] * i + [END]) for i in range(5)],
           {i: PROMPT[: i + 1] for i in range(5)})
-    export(tmp_path / "run", tmp_path / "out.jsonl")
-    export(tmp_path / "run", tmp_path / "out.parquet")
+    assert "Parquet" not in format_summary(export(tmp_path / "run", tmp_path / "out.jsonl"))
+    summary = export(tmp_path / "run", tmp_path / "out.parquet")
+    assert format_summary(summary).endswith("note: SpecForge and speculators read JSON/JSONL "
+                                            "only, not Parquet; for them export with --for "
+                                            "specforge|speculators")
     parquet = pq.ParquetFile(tmp_path / "out.parquet")
     assert parquet.metadata.num_row_groups == 3
     assert str(parquet.schema_arrow.field("input_ids").type) == "list<element: int32>"

@@ -979,6 +979,9 @@ def format_summary(summary: ExportSummary) -> str:
                      f"{trimmed}{exact}")
     if summary.trainer is not None:
         lines += _trainer_lines(summary.trainer)
+    elif Path(summary.path).suffix.lower() in PARQUET_SUFFIXES:
+        lines.append("note: SpecForge and speculators read JSON/JSONL only, not Parquet; "
+                     "for them export with --for specforge|speculators")
     return "\n".join(lines)
 
 
