@@ -61,8 +61,8 @@ def test_server_url_fixes_are_noted_and_the_run_works(
     notes = [line for line in done.stderr.splitlines() if line.startswith("workbench: note: ")]
     assert notes == [
         f"workbench: note: no scheme in '127.0.0.1:{port}/v1': using http://127.0.0.1:{port}/v1",
-        f"workbench: note: dropped /v1 from the server URL: using http://127.0.0.1:{port} "
-        "(the workbench talks to SGLang's native API at the server's root)",
+        (f"workbench: note: dropped /v1 from the server URL: using http://127.0.0.1:{port} "
+         "(the workbench talks to SGLang's native API at the server's root)"),
     ]
     assert (tmp_path / "out" / "p" / "raw_responses.jsonl").read_text().count("\n") == 3
 

@@ -101,10 +101,9 @@ def test_stopped_once_the_writer_is_gone(tmp_path: Path) -> None:
 
 
 def test_a_second_writer_is_refused(tmp_path: Path) -> None:
-    with hold_run_lock(tmp_path):
-        with pytest.raises(Exception, match=rf"{tmp_path}: another workbench generate \(pid {os.getpid()}\)"):
-            with hold_run_lock(tmp_path):
-                pass
+    second = rf"{tmp_path}: another workbench generate \(pid {os.getpid()}\)"
+    with hold_run_lock(tmp_path), pytest.raises(Exception, match=second), hold_run_lock(tmp_path):
+        pass
     assert (tmp_path / LOCK_FILE).is_file()
 
 

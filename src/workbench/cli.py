@@ -200,13 +200,14 @@ def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) 
     view = _progress_view(out)
     timeout = request_timeout(options.request_timeout)
 
+    def on_start(runner: Runner) -> None:
+        _install_stop_signals(runner)
+        view.start(runner)
+
     async def go() -> RunSummary:
         async with SGLangClient(server, api_key=api_key_from_env(), timeout=timeout) as client:
-            return await run_generation(
-                manifest, client, out, options,
-                on_start=lambda r: (_install_stop_signals(r), view.start(r)),
-                on_progress=view.update, on_event=view.event,
-            )
+            return await run_generation(manifest, client, out, options, on_start=on_start,
+                                        on_progress=view.update, on_event=view.event)
 
     try:
         summary = asyncio.run(go())
@@ -332,8 +333,8 @@ def summary_lines(summary: RunSummary, out: Path) -> list[str]:
     from workbench.stats import format_duration
 
     state = "interrupted" if summary.interrupted else "finished"
-    lines = [f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; "
-             f"output in {out}"]
+    lines = [(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; "
+              f"output in {out}")]
     for p in summary.datasets.values():
         extra = f", budget {p.max_tokens} tokens (overshoot {p.overshoot})" if p.max_tokens else ""
         lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
@@ -592,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="workbench", description="Generate, watch, report on and tune EAGLE-3 data jobs on SGLang.")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+    sub: argparse._SubParsersAction[Any] = parser.add_subparsers(
+        dest="command", required=True, metavar="VERB")
     for add in COMMANDS:
         add(sub)
     return parser

@@ -42,8 +42,8 @@ __all__ = [
     "api_key_from_env",
     "default_transport",
     "redact_url",
-    "server_base_url",
     "request_timeout",
+    "server_base_url",
 ]
 
 API_KEY_ENV_VARS = ("WORKBENCH_API_KEY", "SGLANG_API_KEY")

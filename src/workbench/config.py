@@ -32,8 +32,8 @@ __all__ = [
     "Manifest",
     "Sampling",
     "SamplingOverride",
-    "load_manifest",
     "key_lines",
+    "load_manifest",
     "load_yaml_params",
     "with_line",
 ]
