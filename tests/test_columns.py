@@ -191,3 +191,30 @@ def test_stats_of_a_scan_equal_stats_read_from_the_files(run: Path) -> None:
 def test_an_unwritable_cache_folder_is_skipped(run: Path) -> None:
     (run / "a" / CACHE_DIR).write_text("not a folder")
     assert figures(scan_run(run)) == figures(run)
+
+
+def test_stats_read_only_what_follows_a_cached_scan(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workbench.stats as stats_module
+
+    scan_run(run, model_profile="qwen3")  # any profile: the counts depend on none
+    cached = (run / "a" / "raw_responses.jsonl").stat().st_size
+    append(run, lines(60, 20))
+    append(run, lines(80, 2)[:-9])  # and a torn tail
+    offsets: list[tuple[str, int]] = []
+    iter_blocks = stats_module.iter_blocks
+
+    def recording(path: Path, **kwargs: Any) -> Any:
+        offsets.append((Path(path).parent.name, kwargs["offset"]))
+        return iter_blocks(path, **kwargs)
+
+    monkeypatch.setattr(stats_module, "iter_blocks", recording)
+    from_cache = collect_stats(run, now=NOW).to_dict()
+    assert ("a", cached) in offsets and ("a", 0) not in offsets
+    for folder in run.glob(f"*/{CACHE_DIR}"):
+        for path in folder.iterdir():
+            path.write_bytes(path.read_bytes()[:-100])  # unreadable: read from the start
+    offsets.clear()
+    assert collect_stats(run, now=NOW).to_dict() == from_cache
+    assert ("a", 0) in offsets

@@ -470,3 +470,47 @@ def test_incremental_equals_full_rescan(
         assert (
             final == StatsCollector(out, window=300, recent_rows=recent_rows).refresh(now).to_dict()
         )
+
+
+PROMPT_LINES = [
+    b'{"sample_id": 1, "input_ids": [1, 2, 3]}\n',
+    b'{"input_ids":[4],"sample_id":2}\n',
+    b'{"sample_id": 3, "input_ids": []}\n',
+    b'{"sample_id": 4, "input_ids": [ ]}\n',
+    b'{"sample_id": 5, "text": "hello"}\n',
+    b'{"sample_id": 6, "input_ids": null}\n',
+    b'{"sample_id": 7, "input_ids": [5, 6], "meta": {"input_ids": [1]}}\n',
+    b'{"sample_id": 8, "input\\u005fids": [5, 6]}\n',
+    b'{"sample_id": 9, "input_ids": [5, 6\n',
+    b"\n",
+    b'{"sample_id": 10, "input_ids": [7, 8]}\r\n',
+]
+
+
+def _json_counts(data: bytes) -> tuple[int, int, int]:
+    """(lines, lines with an input_ids array, ids in them): what _Prompts counts, by json."""
+    lines = tokenized = tokens = 0
+    for text in data.splitlines():
+        if not text.strip():
+            continue
+        lines += 1
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value.get("input_ids"), list):
+            tokenized, tokens = tokenized + 1, tokens + len(value["input_ids"])
+    return lines, tokenized, tokens
+
+
+@pytest.mark.parametrize("index", range(len(PROMPT_LINES)))
+def test_prompt_ids_counted_in_blocks_are_exact(index: int) -> None:
+    from workbench.records import input_id_counts
+    from workbench.stats import _Prompts
+
+    good = b'{"sample_id": 0, "input_ids": [9, 9]}\n'
+    assert input_id_counts(good * 3) == [2, 2, 2]  # the block path
+    data = good + PROMPT_LINES[index] + good
+    prompts = _Prompts()
+    prompts.add(data)
+    assert (prompts.lines, prompts.tokenized, prompts.tokens) == _json_counts(data)

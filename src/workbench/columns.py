@@ -143,6 +143,7 @@ class _Cached(msgspec.Struct):
     """One cache file: the raw file's identity, the offset read and the scan up to it."""
 
     format: int
+    version: str
     key: str
     ident: tuple[int, int]
     offset: int
@@ -171,14 +172,27 @@ def _tail(raw: Path, offset: int) -> bytes:
         return file.read(offset - start)
 
 
-def load_cached(raw: Path, key: str) -> tuple[FileScan, int] | None:
+def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
     """(the cached scan of raw, the offset it reached), or None when there is no usable
-    cache: none, unreadable, other settings, or raw shrank or was replaced."""
+    cache: none, unreadable, other settings, or raw shrank or was replaced. Key None takes
+    the newest usable scan of any settings (for counts that depend on none of them)."""
+    if key is not None:
+        return _usable(raw, _cache_path(raw, key), key)
     try:
-        cached = _DECODER.decode(_cache_path(raw, key).read_bytes())
+        paths = sorted((raw.parent / CACHE_DIR).glob("scan-*.msgpack"),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    return next(filter(None, (_usable(raw, path, None) for path in paths)), None)
+
+
+def _usable(raw: Path, path: Path, key: str | None) -> tuple[FileScan, int] | None:
+    try:
+        cached = _DECODER.decode(path.read_bytes())
         st = os.stat(raw)
         same = (
-            cached.format == _FORMAT and cached.key == key
+            cached.format == _FORMAT and cached.version == workbench.__version__
+            and (key is None or cached.key == key)
             and cached.ident == (st.st_dev, st.st_ino) and st.st_size >= cached.offset
             and _tail(raw, cached.offset) == cached.tail
         )  # fmt: skip
@@ -194,7 +208,8 @@ def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
         st = os.stat(raw)
         kept = msgspec.structs.replace(scan, torn=None)
         data = _ENCODER.encode(
-            _Cached(_FORMAT, key, (st.st_dev, st.st_ino), offset, _tail(raw, offset), kept)
+            _Cached(_FORMAT, workbench.__version__, key, (st.st_dev, st.st_ino), offset,
+                    _tail(raw, offset), kept)
         )
         path.parent.mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:

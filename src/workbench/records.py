@@ -67,6 +67,7 @@ __all__ = [
     "Row",
     "SampleId",
     "encode_line",
+    "input_id_counts",
     "iter_blocks",
     "parse_lines",
     "read_rows",
@@ -642,9 +643,17 @@ def _without_arrays(data: bytes, size: int, key: bytes) -> bytes | None:
     by line from its original bytes. Nothing else inside an emptied array is checked: a line
     with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
     """
-    view = memoryview(data)
-    pieces: list[memoryview] = []
-    position = search = 0
+    spans = _array_spans(data, size, key)
+    if spans is None:
+        return None
+    return data if not spans else _emptied(data, size, spans)
+
+
+def _array_spans(data: bytes, size: int, key: bytes) -> list[tuple[int, int]] | None:
+    """[start, end) of the items of every ``"key": [...]`` array in data[:size], or None
+    when one holds a newline or a string, or is not closed (see :func:`_without_arrays`)."""
+    spans: list[tuple[int, int]] = []
+    search = 0
     while (found := data.find(key, search, size)) >= 0:
         search = found + len(key)
         start = _array_after_key(data, search, size)
@@ -653,12 +662,63 @@ def _without_arrays(data: bytes, size: int, key: bytes) -> bytes | None:
         end = data.find(b"]", start, size)
         if end < 0 or data.find(b"\n", start, end) >= 0 or data.find(b'"', start, end) >= 0:
             return None
+        spans.append((start, end))
+        search = end
+    return spans
+
+
+def _emptied(data: bytes, size: int, spans: list[tuple[int, int]]) -> bytes:
+    view = memoryview(data)
+    pieces: list[memoryview] = []
+    position = 0
+    for start, end in spans:
         pieces.append(view[position:start])
-        position = search = end
-    if not pieces:
-        return data
+        position = end
     pieces.append(view[position:size])
     return b"".join(pieces)
+
+
+class _InputIds(msgspec.Struct, gc=False):
+    input_ids: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_INPUT_IDS = msgspec.json.Decoder(_InputIds)
+_SPACE = frozenset(b" \t\r")
+
+
+def input_id_counts(data: bytes) -> list[int | None] | None:
+    """Per line of the whole lines `data` (prompts.jsonl): how many ids its ``input_ids``
+    array holds, None when it holds none (a text prompt), in one pass over the block.
+
+    None when the block does not take the fast path (a blank, bad or unusual line, a nested
+    ``input_ids``): read its lines one by one then.
+    """
+    spans = _array_spans(data, len(data), _ID_KEYS[1])
+    if spans is None:
+        return None
+    items = _decode_aligned(_INPUT_IDS, _emptied(data, len(data), spans) if spans else data)
+    if items is None:
+        return None
+    counts: list[int | None] = []
+    spans.reverse()
+    line_end = -1
+    for item in items:
+        line_end = data.index(b"\n", line_end + 1)
+        inside = []
+        while spans and spans[-1][0] < line_end:
+            inside.append(spans.pop())
+        raw = bytes(item.input_ids)
+        if len(inside) > 1 or (inside and raw != b"[]") or (not inside and raw.startswith(b"[")):
+            return None  # a nested input_ids, or a key written with escapes
+        counts.append(_items(data, *inside[0]) if inside else None)
+    return counts
+
+
+def _items(data: bytes, start: int, end: int) -> int:
+    """Items of a flat array of numbers whose bytes are data[start:end]."""
+    while start < end and data[start] in _SPACE:
+        start += 1
+    return data.count(b",", start, end) + 1 if start < end else 0
 
 
 def _split_lines(chunk: _Chunk) -> list[bytes]:

@@ -53,8 +53,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
+from workbench.columns import load_cached
 from workbench.errors import DataError, InputError
-from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, iter_blocks
+from workbench.records import (
+    ERRORS_FILE,
+    MANIFEST_FILE,
+    PROMPTS_FILE,
+    RAW_FILE,
+    Block,
+    input_id_counts,
+    iter_blocks,
+)
 
 if TYPE_CHECKING:
     from workbench.columns import FileScan
@@ -531,6 +540,13 @@ class _Prompts:
         self.tokens = 0
 
     def add(self, data: bytes) -> None:
+        counts = input_id_counts(data)
+        if counts is not None:
+            known = [count for count in counts if count is not None]
+            self.lines += len(counts)
+            self.tokenized += len(known)
+            self.tokens += sum(known)
+            return
         for text in _text_lines(data):
             self.lines += 1
             try:
@@ -616,10 +632,21 @@ class _Dataset:
         if change in ("grown", "reset"):
             cursor = self.raw_cursor
             self.raw.torn = False
+            if cursor.offset == 0:
+                self._start_from_cache(cutoff)
             blocks = iter_blocks(cursor.path, offset=cursor.offset, first_line=cursor.line)
             for block in _guarded(cursor.path, blocks):
                 self.raw.add_block(block, cutoff, self.unresolved)
                 cursor.advance(block.end_offset, block.first_line + block.lines)
+
+    def _start_from_cache(self, cutoff: float) -> None:
+        """Count what a scan cached beside the file (see :mod:`workbench.columns`), so that
+        only the bytes after it are read; nothing when there is no usable cache."""
+        cached = load_cached(self.raw_cursor.path, None)
+        if cached is not None and cached[1] > 0:
+            scan, offset = cached
+            self.raw.add_scan(scan, cutoff, self.unresolved)
+            self.raw_cursor.advance(offset, scan.lines + 1)
 
     def _update_prompts(self) -> None:
         change = self.prompts_cursor.poll()
