@@ -5,6 +5,7 @@ scripts can trust (1 when prompts failed after all their attempts)."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import signal
 import subprocess
@@ -35,7 +36,8 @@ def fake_runner(*items: DatasetProgress) -> SimpleNamespace:
 
 @pytest.mark.parametrize("width", [80, 160])
 def test_bars_stay_readable(width: int) -> None:
-    console = Console(file=io.StringIO(), width=width, height=24, force_terminal=True, color_system=None)
+    console = Console(file=io.StringIO(), width=width, height=width * 3 // 10, force_terminal=True,
+                      color_system=None)  # 80x24, 160x48
     view = _RichView(Path("out"), console=console)
     items = [progress("B1_glaive", 10000, 201, done_this_run=1, tokens_this_run=23800, errors=3),
              progress("B3_pretok", 300, 300, done_this_run=300, tokens_this_run=600)]
@@ -60,8 +62,9 @@ def test_no_resume_line_on_a_fresh_run() -> None:
 
 
 def summary(interrupted: bool, failed: int = 0, dropped: int = 0) -> RunSummary:
-    return RunSummary({"a": progress("a", 10, 10 - failed, failed_ids=failed)}, interrupted,
-                      3.0, 0, dropped=dropped)
+    p = progress("a", 10, 10 - failed, failed_ids=failed)
+    p.failed_samples = [f"s{i}" for i in range(failed)]
+    return RunSummary({"a": p}, interrupted, 3.0, 0, dropped=dropped)
 
 
 def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,8 +72,10 @@ def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert generate_exit_code(summary(False)) == 0
     assert generate_exit_code(summary(False, failed=2)) == 1
     assert generate_exit_code(summary(True, failed=2)) == 130
-    assert summary_lines(summary(False, failed=2), Path("o"))[-1] == (
-        "failed after all attempts: a (2, see o/a/errors.jsonl); rerun the same command to retry them")
+    assert summary_lines(summary(False, failed=2), Path("o"))[-2:] == [
+        "failed after all attempts: a: 2 prompts (sample_id s0, s1; see o/a/errors.jsonl)",
+        "rerun the same command to retry the failed prompts"]
+    assert "(sample_id s0, s1, s2, s3, s4, ...;" in summary_lines(summary(False, failed=7), Path("o"))[-2]
     assert summary_lines(summary(True, dropped=7), Path("o"))[-1] == (
         "stopped: 7 in-flight requests dropped (sent again on resume); "
         "to resume, run: workbench generate --out 'o dir'")
@@ -84,7 +89,13 @@ def test_failed_prompts_exit_1_and_are_named(tmp_path: Path, start_sim: Callable
     done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
                      "--out", str(tmp_path / "out"), "--max-attempts", "1")
     assert done.returncode == 1, done.stderr
-    assert re.search(r"failed after all attempts: ids \(\d+, see .*ids/errors.jsonl\)", done.stdout)
+    match = re.search(r"failed after all attempts: ids: (\d+) prompts \(sample_id ([^;]+); see (.*)\)", done.stdout)
+    assert match, done.stdout
+    failing = {json.loads(line)["sample_id"] for line in Path(match.group(3)).read_text().splitlines()}
+    written = {json.loads(line)["sample_id"] for line in
+               (tmp_path / "out" / "ids" / "raw_responses.jsonl").read_text().splitlines()}
+    assert len(failing - written) == int(match.group(1)) > 0
+    assert {int(i) for i in match.group(2).rstrip(", .").split(", ")} <= failing - written
 
 
 @pytest.mark.integration

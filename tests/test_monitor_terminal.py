@@ -31,7 +31,8 @@ def busy_run(out: Path) -> None:
 
 
 def rich_text(state: MonitorState, width: int) -> str:
-    console = Console(file=io.StringIO(), width=width, height=24, force_terminal=True, color_system=None)
+    console = Console(file=io.StringIO(), width=width, height=width * 3 // 10, force_terminal=True,
+                      color_system=None)  # 80x24, 160x48
     console.print(render_rich(state, width))
     return console.file.getvalue()  # type: ignore[attr-defined]
 

@@ -340,10 +340,13 @@ def summary_lines(summary: RunSummary, out: Path) -> list[str]:
         lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
                      f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion "
                      f"tokens{extra}")
-    failed = [p for p in summary.datasets.values() if p.failed_ids]
-    if failed:
-        named = ", ".join(f"{p.name} ({p.failed_ids}, see {out / p.name / 'errors.jsonl'})" for p in failed)
-        lines.append(f"failed after all attempts: {named}; rerun the same command to retry them")
+    for p in summary.datasets.values():
+        if p.failed_samples:
+            ids = ", ".join(map(str, p.failed_samples[:5])) + (", ..." if len(p.failed_samples) > 5 else "")
+            lines.append(f"failed after all attempts: {p.name}: {len(p.failed_samples)} prompts "
+                         f"(sample_id {ids}; see {out / p.name / 'errors.jsonl'})")
+    if summary.failed and not summary.interrupted:
+        lines.append("rerun the same command to retry the failed prompts")
     if summary.interrupted:
         lines.append(f"stopped: {summary.dropped} in-flight requests dropped (sent again on resume); "
                      f"to resume, run: {_rerun_command()}")

@@ -108,6 +108,7 @@ class DatasetProgress:
     done_this_run: int = 0
     errors: int = 0
     failed_ids: int = 0
+    failed_samples: list[int | str] = field(default_factory=list)  # their ids, in failing order
     in_flight: int = 0
     completion_tokens: int = 0
     tokens_this_run: int = 0
@@ -599,6 +600,7 @@ class Runner:
                 holding = False
                 if not error.retryable or attempt == self.options.max_attempts:
                     ds.progress.failed_ids += 1
+                    ds.progress.failed_samples.append(prompt.sample_id)
                     settled = True
                     return
                 self.retries += 1
