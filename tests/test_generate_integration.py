@@ -86,6 +86,15 @@ def test_in_flight_count_reaches_the_limit(tmp_path: Path, start_sim: Callable[.
     assert metric(server.url, "workbench_sim:peak_inflight_requests") == concurrency
 
 
+def _wait_for_lines(path: Path, lines: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Return once `path` holds `lines` lines (the writer is mid-run), or the process has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= lines:
+            return
+        time.sleep(0.05)
+
+
 def test_resume_after_sigkill_writes_every_sample_exactly_once(
         tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
     server = start_sim(speed=0.2)
@@ -98,8 +107,10 @@ def test_resume_after_sigkill_writes_every_sample_exactly_once(
     raw = out / "ids" / "raw_responses.jsonl"
     written = []
     for _ in range(3):
+        before = raw.read_bytes().count(b"\n") if raw.exists() else 0
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.5, 3.0))
+        _wait_for_lines(raw, before + 1, proc)  # start-up time varies with the machine's load
+        time.sleep(rng.uniform(0.0, 1.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         written.append(raw.read_bytes().count(b"\n") if raw.exists() else 0)
