@@ -495,10 +495,15 @@ def _column_widths(rows: list[list[str]]) -> list[int]:
     return [max(len(cell) for cell in column) for column in zip(_HEADERS, *rows, strict=False)]
 
 
-def _header(state: MonitorState) -> str:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.now))
+def _header(state: MonitorState, width: int | None = None) -> str:
+    """The frame's first line; on a narrow terminal without the date and the rate window."""
+    now = time.localtime(state.now)
     window = format_duration(state.stats.window)
-    return f"workbench monitor {state.stats.out}  {stamp}  (rates over the last {window})"
+    full = (f"workbench monitor {state.stats.out}  {time.strftime('%Y-%m-%d %H:%M:%S', now)}  "
+            f"(rates over the last {window})")
+    if width is None or len(full) <= width:
+        return full
+    return f"workbench monitor {state.stats.out}  {time.strftime('%H:%M:%S', now)}"
 
 
 def _server_url_hint(stats: RunStats) -> str:
@@ -573,7 +578,7 @@ def render_frame(state: MonitorState, width: int | None = None) -> str:
     rows = _rows(state)
     keep = fit_columns(_column_widths(rows), width, gap=2)
     table = format_table([_HEADERS[i] for i in keep], [[r[i] for i in keep] for r in rows], left=2)
-    lines = [_header(state), table, server_line(state)]
+    lines = [_header(state, width), table, server_line(state)]
     lines += worker_lines(state)
     lines += [str(alert) for alert in state.alerts] or ["no alerts"]
     return "\n".join(lines)
@@ -592,7 +597,7 @@ def render_rich(state: MonitorState, width: int | None = None) -> RenderableType
 
     rows = _rows(state)
     keep = fit_columns(_column_widths(rows), width, gap=3)
-    table = Table(title=_header(state), title_justify="left", expand=False, box=box.SIMPLE_HEAD,
+    table = Table(title=_header(state, width), title_justify="left", expand=False, box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False)
     for index in keep:
         table.add_column(_HEADERS[index], justify="left" if index < 2 else "right", no_wrap=index > 0,
