@@ -36,7 +36,7 @@ from workbench.stats import render_stats
 pytestmark = pytest.mark.integration
 
 PLANTED = "<script>window.__pwned=1</script>"
-PLANTED_ID = 7000  # the test tokenizer decodes this id to PLANTED
+PLANTED_ID = 1293  # a prompt word the simulated replies never use; decodes to PLANTED
 THINK_END, IM_END = 163607, 163586
 LATE = 12  # records appended after the run, all without a think-end id
 NOTEBOOKS = ROOT / "notebooks"
