@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: demo test install install-test bench trainers-check clean
+.PHONY: demo test install install-test bench trainers-check conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,22 @@ $(TRAINERS_VENV)/.installed:
 trainers-check: $(VENV)/.installed-test $(TRAINERS_VENV)/.installed
 	$(BIN)/python scripts/trainers_check.py export $(TRAINERS_OUT)
 	$(TRAINERS_VENV)/bin/python scripts/trainers_check.py load $(TRAINERS_OUT)
+
+# Optional: SGLang's own clients (bench_serving, bench_one_batch_server, sglang.lang's
+# RuntimeEndpoint, send_one) against the simulator, each run's counts checked against /metrics.
+# SGLang is installed with --no-deps beside the pinned imports of its client modules (torch
+# among them: about 6 GB), in a separate venv; never part of `make test`.
+CONFORMANCE_VENV ?= .venv-conformance
+SGLANG_VERSION := 0.5.23
+
+$(CONFORMANCE_VENV)/.installed: scripts/conformance-requirements.txt
+	$(PYTHON) -m venv $(CONFORMANCE_VENV)
+	$(CONFORMANCE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -r scripts/conformance-requirements.txt
+	$(CONFORMANCE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps sglang==$(SGLANG_VERSION)
+	touch $@
+
+conformance: $(VENV)/.installed-test $(CONFORMANCE_VENV)/.installed
+	$(CONFORMANCE_VENV)/bin/python scripts/conformance.py --workbench $(BIN)/workbench
 
 clean:
 	rm -rf $(VENV) outputs/demo .pytest_cache

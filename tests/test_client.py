@@ -210,3 +210,71 @@ def test_api_key_from_env_and_redaction() -> None:
     assert api_key_from_env({"WORKBENCH_API_KEY": "a", "SGLANG_API_KEY": "b"}) == "a"
     assert api_key_from_env({}) is None
     assert redact_url("http://user:pw@host:30000/x?token=1") == "http://host:30000/x"
+
+
+# SGLang 0.5.23's error and abort shapes (srt/entrypoints/http_server.py, tokenizer_manager.py
+# `_handle_abort_finish_reason`, sglang/api/v1/api_types.py) and how each is handled.
+UNKNOWN_KEY = ("unknown field `top_z`, expected one of `max_new_tokens`, `stop`, "
+               "`stop_token_ids`, `temperature`")
+SGLANG_ERRORS = [
+    # A non-streaming abort: HTTPException -> ErrorResponse, HTTP 503: retried as an abort.
+    (503, {"object": "error", "message": "Abort request: timeout", "type": "503",
+           "param": None, "code": 503}, RequestAborted, True, "Abort request: timeout"),
+    # An abort at 500 (out of memory after retraction): retried.
+    (500, {"object": "error", "message": "Out of memory even after retracting",
+           "type": "500", "param": None, "code": 500}, RequestAborted, True, "Out of memory"),
+    # The JSON contract's refusal of an unknown key: one line naming the key, not retried.
+    (400, {"error": UNKNOWN_KEY}, BadRequest, False, "unknown parameter `top_z`"),
+    # A ValueError (sampling verify): its message, not retried.
+    (400, {"error": {"message": "top_p must be in (0, 1], got 0.0."}}, BadRequest, False,
+     r"top_p must be in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "error", "retryable", "needle"), SGLANG_ERRORS)
+async def test_sglang_error_shapes(
+    status: int, body: object, error: type, retryable: bool, needle: str
+) -> None:
+    async with client_for(lambda r: httpx.Response(status, json=body)) as client:
+        with pytest.raises(error, match=needle) as info:
+            await client.generate({"input_ids": [1]})
+    assert info.value.retryable is retryable and info.value.http_status == status
+    assert "\n" not in str(info.value) and len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("finish", "error", "retryable"),
+    [
+        ({"type": "abort", "message": "bad logprob_start_len", "status_code": 400,
+          "err_type": "BadRequestError"}, BadRequest, False),
+        ({"type": "abort", "message": "Retracted without a KV backup", "status_code": 503,
+          "err_type": None}, RequestAborted, True),
+    ],
+)
+async def test_streamed_abort_chunks_by_status(
+    finish: dict[str, object], error: type, retryable: bool
+) -> None:
+    chunk = {"text": "", "output_ids": [], "meta_info": {
+        "prompt_tokens": 2, "completion_tokens": 0, "finish_reason": finish}}
+    body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+    async with client_for(lambda r: httpx.Response(200, text=body)) as client:
+        with pytest.raises(error, match=str(finish["message"])) as info:
+            _ = [c async for c in client.generate_stream({"input_ids": [1]})]
+    assert info.value.retryable is retryable
+
+
+async def test_streamed_error_chunk_is_a_bad_request() -> None:
+    """http_server `stream_results`: a ValueError mid-stream is an error chunk, then [DONE]."""
+    error = {"error": {"message": "The input is empty.", "type": "invalid_request_error",
+                       "code": 400, "retryable": False}}
+    body = f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
+    async with client_for(lambda r: httpx.Response(200, text=body)) as client:
+        with pytest.raises(BadRequest, match="The input is empty."):
+            _ = [c async for c in client.generate_stream({"input_ids": [1]})]
+
+
+async def test_retraction_count_is_read_when_sent() -> None:
+    async with client_for(lambda r: httpx.Response(200, json=reply(num_retractions=2))) as client:
+        assert (await client.generate({"input_ids": [1]})).num_retractions == 2
+    async with client_for(lambda r: httpx.Response(200, json=reply())) as client:
+        assert (await client.generate({"input_ids": [1]})).num_retractions is None

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import itertools
 import json
 import re
@@ -763,3 +764,14 @@ def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
     assert records._without_arrays(data, len(data), b'"input_ids"').count(b"[]") == 4
     assert records._decode_whole(records._ROWS.decoder, chunk) is not None
     assert [r.sample_id for r in parse_lines(data)[0]] == [0, 1, 2, 3]
+
+
+def test_retraction_count_is_written_only_when_the_server_sent_it() -> None:
+    from workbench.records import Record
+
+    base = dict(sample_id=1, output_ids=[5], prompt_tokens=2, completion_tokens=1,
+                cached_tokens=0, finish_reason="stop", matched_stop=5, e2e_latency=0.1, ts=1.0)
+    assert b"num_retractions" not in msgspec.json.encode(Record(**base))
+    line = msgspec.json.encode(Record(**base, num_retractions=3))
+    assert msgspec.json.decode(line)["num_retractions"] == 3
+    assert msgspec.json.decode(line, type=Record).num_retractions == 3

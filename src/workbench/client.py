@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ __all__ = [
 
 API_KEY_ENV_VARS = ("WORKBENCH_API_KEY", "SGLANG_API_KEY")
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# SGLang's JSON contract refusal of a key (sglang/api/v1/api_types.py `_unknown_field`).
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
 DEFAULT_REQUEST_TIMEOUT = 3600.0
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=DEFAULT_REQUEST_TIMEOUT, write=60.0, pool=None)
 
@@ -71,6 +74,7 @@ class FinishReason(msgspec.Struct):
     matched: int | str | None = None
     message: str | None = None
     status_code: int | None = None
+    err_type: str | None = None
 
 
 class MetaInfo(msgspec.Struct):
@@ -80,6 +84,7 @@ class MetaInfo(msgspec.Struct):
     cached_tokens: int = 0
     e2e_latency: float | None = None
     id: str | None = None
+    num_retractions: int | None = None
 
 
 class Reply(msgspec.Struct):
@@ -103,6 +108,7 @@ class GenerateResult:
     matched_stop: int | str | None
     e2e_latency: float
     text: str | None = None
+    num_retractions: int | None = None  # when the server sends it (SGLang >= 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +198,7 @@ def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult
     meta = reply.meta_info
     finish = meta.finish_reason or FinishReason(type="length")
     if finish.type == "abort":
-        raise RequestAborted(f"aborted by server: {finish.message or 'no message'}", url,
-                             http_status=finish.status_code)
+        raise _abort_error(finish, url)
     return GenerateResult(
         output_ids=reply.output_ids,
         prompt_tokens=meta.prompt_tokens,
@@ -203,12 +208,24 @@ def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult
         matched_stop=finish.matched,
         e2e_latency=meta.e2e_latency if meta.e2e_latency is not None else elapsed,
         text=reply.text,
+        num_retractions=meta.num_retractions,
     )
 
 
+def _abort_error(finish: FinishReason, url: str) -> RequestFailed:
+    """An abort finish_reason (SGLang's FINISH_ABORT: message, status_code, err_type) as an
+    error: a 400 / BadRequestError is the request's fault and never retried, others are."""
+    kind = f" ({finish.err_type})" if finish.err_type else ""
+    message = f"aborted by server{kind}: {finish.message or 'no message'}"
+    if finish.status_code == 400 or finish.err_type == "BadRequestError":
+        return BadRequest(message, url, http_status=finish.status_code)
+    return RequestAborted(message, url, http_status=finish.status_code)
+
+
 def _error_message(response: httpx.Response) -> str:
-    """The server's error message: SGLang's {"error": {"message"}} or the first text bytes."""
-    body = response.content[:2000]
+    """The server's error as one clear line, from SGLang's bodies: `{"error": {"message"}}`,
+    `{"error": "<contract text>"}`, `{"object": "error", "message", "code"}`, or text."""
+    body = response.content[:4000]
     try:
         data = _decoder.decode(body)
     except msgspec.DecodeError:
@@ -218,9 +235,27 @@ def _error_message(response: httpx.Response) -> str:
         if isinstance(err, dict):
             err = err.get("message", err)
         if err is not None:
-            return str(err)[:500]
+            return _clear(str(err))
     text = body.decode("utf-8", "replace").strip().replace("\n", " ")
     return f"HTTP {response.status_code}: {text[:200]}" if text else f"HTTP {response.status_code}"
+
+
+def _clear(message: str) -> str:
+    """A server message made short; SGLang's refusal of an unknown key names the key."""
+    unknown = _UNKNOWN_FIELD.match(message)
+    if unknown:
+        return (f"the server refuses the unknown parameter `{unknown.group(1)}` "
+                "(check the sampling parameters)")
+    return message[:500]
+
+
+def _is_abort_body(response: httpx.Response) -> bool:
+    """SGLang's non-streaming abort: HTTP 5xx with an ErrorResponse (`"object": "error"`)."""
+    try:
+        data = _decoder.decode(response.content[:4000])
+    except msgspec.DecodeError:
+        return False
+    return isinstance(data, dict) and data.get("object") == "error"
 
 
 def raise_for_status(response: httpx.Response, url: str) -> None:
@@ -229,6 +264,8 @@ def raise_for_status(response: httpx.Response, url: str) -> None:
     if status < 300:
         return
     message = _error_message(response)
+    if status >= 500 and _is_abort_body(response):
+        raise RequestAborted(f"aborted by server: {message}", url, http_status=status)
     if status in RETRY_STATUSES:
         raise ServerBusy(message, url, http_status=status)
     if status == 401 or status == 403:
@@ -236,6 +273,16 @@ def raise_for_status(response: httpx.Response, url: str) -> None:
     if 400 <= status < 500:
         raise BadRequest(message, url, http_status=status)
     raise ServerBusy(message, url, http_status=status)
+
+
+def _stream_error(error: Any, url: str) -> RequestFailed:
+    """A streamed error chunk (http_server `stream_results`: message, type, code)."""
+    detail = error if isinstance(error, dict) else {"message": error}
+    status = detail.get("code") if isinstance(detail.get("code"), int) else 400
+    message = _clear(str(detail.get("message", error)))
+    if status in RETRY_STATUSES:
+        return ServerBusy(message, url, http_status=status)
+    return BadRequest(message, url, http_status=status)
 
 
 def _map_transport_error(exc: httpx.TransportError, url: str) -> RequestFailed:
@@ -349,6 +396,8 @@ class SGLangClient:
                 last = _decoder.decode(data)
             except msgspec.DecodeError:
                 raise ProtocolError(f"bad stream chunk: {data[:80]!r}", url) from None
+            if isinstance(last, dict) and "error" in last:
+                raise _stream_error(last["error"], url)
             ids = last.get("output_ids", []) if isinstance(last, dict) else []
             yield StreamChunk(output_ids=ids, at=time.perf_counter())
         if last is None:

@@ -106,6 +106,9 @@ class Record(msgspec.Struct):
     e2e_latency: float
     ts: float
     schema: int = SCHEMA_VERSION
+    # Requests retracted and recomputed under KV pressure (meta_info.num_retractions), kept
+    # only when the server sends it.
+    num_retractions: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorRecord(msgspec.Struct):

@@ -637,6 +637,8 @@ class Runner:
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
             cached_tokens=result.cached_tokens, finish_reason=result.finish_reason,
             matched_stop=result.matched_stop, e2e_latency=result.e2e_latency, ts=time.time(),
+            num_retractions=(msgspec.UNSET if result.num_retractions is None
+                             else result.num_retractions),
         ))
         p = ds.progress
         p.done += 1
