@@ -83,7 +83,7 @@ def measured(url: str, name: str, run: Callable[[], tuple[int, int, str]]) -> Ou
     before = totals(url)
     try:
         requests_seen, tokens_seen, note = run()
-    except Exception as exc:  # a client failing is a finding, reported with the others
+    except Exception as exc:  # noqa: BLE001 - a failing client is a finding, reported
         return Outcome(name, -1, -1, note=f"FAILED: {type(exc).__name__}: {exc}"[:300])
     after = totals(url)
     return Outcome(name, requests_seen, tokens_seen, after[0] - before[0],

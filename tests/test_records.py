@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import msgspec
 import itertools
 import json
 import re
@@ -8,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -769,8 +769,11 @@ def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
 def test_retraction_count_is_written_only_when_the_server_sent_it() -> None:
     from workbench.records import Record
 
-    base = dict(sample_id=1, output_ids=[5], prompt_tokens=2, completion_tokens=1,
-                cached_tokens=0, finish_reason="stop", matched_stop=5, e2e_latency=0.1, ts=1.0)
+    base: dict[str, Any] = {
+        "sample_id": 1, "output_ids": [5], "prompt_tokens": 2, "completion_tokens": 1,
+        "cached_tokens": 0, "finish_reason": "stop", "matched_stop": 5, "e2e_latency": 0.1,
+        "ts": 1.0,
+    }
     assert b"num_retractions" not in msgspec.json.encode(Record(**base))
     line = msgspec.json.encode(Record(**base, num_retractions=3))
     assert msgspec.json.decode(line)["num_retractions"] == 3
