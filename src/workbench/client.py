@@ -173,6 +173,16 @@ def _is_secret_key(key: str) -> bool:
     return any(word in key.lower() for word in ("api_key", "password", "secret"))
 
 
+_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api[-_]key|password|secret)[\w-]*)(=|\s+)(\S+)", re.I)
+
+
+def _redact_command(command: Any) -> Any:
+    """A server's `launch_command` with the values of credential flags (`--api-key K`) hidden."""
+    if not isinstance(command, str):
+        return command
+    return _SECRET_FLAG.sub(r"\1\2***", command)
+
+
 def default_transport() -> httpx.AsyncBaseTransport:
     """httpx over aiohttp with no connection cap (the runner bounds concurrency itself)."""
     import aiohttp
@@ -426,7 +436,8 @@ class SGLangClient:
         info = await self._probe("/server_info", "/get_server_info")
         if not isinstance(info, dict):
             raise ProtocolError("server_info is not a JSON object", self._url("/server_info"))
-        return {k: v for k, v in info.items() if not _is_secret_key(k)}
+        return {k: _redact_command(v) if k == "launch_command" else v
+                for k, v in info.items() if not _is_secret_key(k)}
 
     async def model_info(self) -> dict[str, Any]:
         """`/model_info` (newer) or `/get_model_info` (older)."""

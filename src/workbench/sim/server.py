@@ -95,7 +95,7 @@ class SimServer:
         self.metrics.engines = self.engines
         self.created = int(time.time())
         self.startup_time = time.time()
-        self.launch_command = shlex.join(sys.argv)
+        self.launch_command = shlex.join(_without_api_key(sys.argv))
         self.reply_options = ReplyOptions(
             self.model,
             config.enable_metrics,
@@ -326,3 +326,16 @@ def local_tokenizer_path(model_profile: str) -> str | None:
 
 def _tagged(log: Callable[[str], None], tag: str, line: str) -> None:
     log(tag + line)
+
+
+def _without_api_key(argv: list[str]) -> list[str]:
+    """The command line with the value of `--api-key` hidden: it is served in /server_info."""
+    hidden, previous = [], ""
+    for arg in argv:
+        if previous == "--api-key":
+            arg = "***"
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=***"
+        hidden.append(arg)
+        previous = arg
+    return hidden
