@@ -987,8 +987,8 @@ def format_summary(summary: ExportSummary) -> str:
 
 def _trainer_lines(report: TrainerReport) -> list[str]:
     """Length figures, what max_length costs, the manifest and the trainer's command."""
-    lines = [f"token lengths (rows; p50/p90/p99/max) and {report.trainer} max_length "
-             f"{report.max_length:,}:"]
+    lines = [(f"token lengths (rows; p50/p90/p99/max) and {report.trainer} max_length "
+              f"{report.max_length:,}:")]
     for name, figures in report.lengths.items():
         cost = (f"{figures.cut:,} rows cut, {figures.dropped:,} of them left with no "
                 f"supervised token (the trainer drops them)" if figures.cut else "none cut")

@@ -32,6 +32,7 @@ import numpy as np
 __all__ = [
     "TRAINERS",
     "LengthReport",
+    "RowEntry",
     "Trainer",
     "TrainerName",
     "TrainerReport",
