@@ -211,6 +211,27 @@ def test_conversations_with_thinking_off_are_all_content(tmp_path: Path) -> None
         "role": "assistant", "content": tok.decode([300, 301]), "reasoning_content": ""}
 
 
+def test_conversations_carry_tools_only_when_the_prompt_was_rendered_with_them(
+    tmp_path: Path
+) -> None:
+    tok = load_tokenizer(EXAMPLES / "tokenizer")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [{"role": "system", "content": "you are kimi"}, {"role": "user", "content": "weather"}]
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps({"sample_id": i, "messages": messages, "tools": tools})
+                              + "\n" for i in range(2)))
+    seen = [list(tok.encode(tok.apply_chat_template(messages, tools=t, tokenize=False,
+                                                     add_generation_prompt=True)))
+            for t in (tools, None)]
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(source),
+                                          "input": "messages"}])
+    plant(tmp_path / "run", "chat", [record(0), record(1)], {0: seen[0], 1: seen[1]},
+          {"path": str(source), "input": "messages"}, manifest_file=str(manifest))
+    export(tmp_path / "run", tmp_path / "conv.jsonl", format="conversations")
+    with_tools, without = rows(tmp_path / "conv.jsonl")
+    assert with_tools["tools"] == tools and "tools" not in without
+
+
 def test_text_prompts_are_tokenized(tmp_path: Path) -> None:
     tok = load_tokenizer(EXAMPLES / "tokenizer")
     text = "write a function that returns the answer"

@@ -9,7 +9,7 @@ datasets of a run):
                     JSONL (.jsonl) or Parquet (.parquet, .pq: input_ids list<int32>,
                     loss_mask list<int8>, one row group per 1,024 rows).
     conversations   {"id", "dataset", "conversations"[, "tools"]}: the source file's messages
-                    (and tools) and an assistant turn {"role", "content", "reasoning_content"}
+                    (and tools, when the prompt was rendered with them) and an assistant turn {"role", "content", "reasoning_content"}
                     split at the model profile's think-end id and decoded with the dataset's
                     tokenizer (for trainers that apply the chat template themselves). JSONL
                     only, from datasets whose input is ``messages`` in a JSONL source file.
@@ -564,6 +564,9 @@ class _Source:
                                                 f"(prompt of {row_id})")
         messages, tools = source
         tokenizer = self._tokenizer()
+        if tools and _render(tokenizer, messages, tools, self.ds.chat_template_kwargs,
+                             generation_prompt=True) != prompt_ids:
+            tools = None  # the prompt was rendered without them: the model never saw them
         messages = self._with_seen_system(messages, tools, prompt_ids)
         field = _assistant_turn(output, self.profile, self.reasoning, tokenizer)
         carries = {"field": [field], "inline": [_inline_reasoning(field, self.profile, tokenizer)]}
