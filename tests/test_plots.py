@@ -176,14 +176,53 @@ def test_figures_have_a_trace_per_dataset_and_labelled_axes(frame: pd.DataFrame,
         plots.explore_scatter(explore.sample_records(frame, 3)),
     ]
     for fig in figures:
-        assert isinstance(fig, go.Figure) and [t.name for t in fig.data] == ["a", "b"]
+        legend = [t.name for t in fig.data if t.showlegend is not False]
+        assert isinstance(fig, go.Figure) and legend[:2] == ["a", "b"]
         assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert figures[0].layout.xaxis.type == "log" and figures[1].layout.xaxis.type == "log"
     caps = [a.text for a in figures[1].layout.annotations]
     assert caps == ["max_new_tokens 8<br>a", "max_new_tokens 16<br>b"]
     assert figures[0].data[0].line.color == figures[1].data[0].line.color == plots.PALETTE[0]
     assert [b.label for b in figures[3].layout.updatemenus[0].buttons] == ["all datasets", "a", "b"]
-    assert "&lt;script&gt;" in json.dumps(list(figures[2].data[0].customdata))
+    assert "&lt;script&gt;" in json.dumps([list(t.customdata) for t in figures[2].data[:2]])
+
+
+def test_log_axes_tick_powers_of_ten_as_plain_numbers(frame: pd.DataFrame) -> None:
+    figures = [plots.histogram_figure(explore.histogram(frame, log=True), log=True),
+               plots.scatter_figure(frame, log=True)]
+    for axis in (figures[0].layout.xaxis, figures[1].layout.xaxis, figures[1].layout.yaxis):
+        assert axis.type == "log" and axis.dtick == 1 and axis.tickformat == "~s"
+        assert axis.minor.dtick == "D1"  # minor grid lines only, without labels
+
+
+def test_legend_markers_are_circles_and_never_the_truncated_cross(frame: pd.DataFrame) -> None:
+    b_first_cut = frame.copy()
+    b_first_cut.loc[b_first_cut["dataset"] == "b", "finish_reason"] = "length"  # all of b truncated
+    scatter = plots.scatter_figure(b_first_cut)
+    legend = {t.name: t.marker.symbol for t in scatter.data if t.showlegend is not False}
+    assert legend == {"a": "circle", "b": "circle", "truncated (finish length)": "x"}
+    crosses = [t for t in scatter.data if t.marker.symbol == "x" and t.name == "b"]
+    assert len(crosses) == 1 and len(crosses[0].x) == 5 and crosses[0].legendgroup == "b"
+    reasoning = plots.reasoning_figure(explore.reasoning_summary(frame), frame)
+    unclosed = [t for t in reasoning.data if t.type == "scatter" and t.marker.symbol == "diamond-open"]
+    assert [t.name for t in unclosed] == ["a", "no think-end id"] and len(unclosed[0].x) == 2
+    assert all(t.marker.symbol != "x" for t in reasoning.data if t.type == "scatter")
+    menu = plots.explore_scatter(b_first_cut).layout.updatemenus[0].buttons
+    only_b = dict(zip([t.legendgroup for t in scatter.data], menu[2].args[0]["visible"], strict=True))
+    assert only_b["b"] and not only_b["a"]
+
+
+def test_time_buckets_of_few_records_are_not_drawn_as_an_alarm(run: Path) -> None:
+    over = explore.findings_over_time(run, buckets=3, min_records=2)
+    a = over[(over["dataset"] == "a") & (over["rule"] == "truncated")]
+    assert a["enough"].tolist() == (a["records"] >= 2).tolist() and not a["enough"].all()
+    fig = plots.findings_over_time_figure(over)
+    line = next(t for t in fig.data if t.name == "truncated")
+    few = next(t for t in fig.data if t.name == "truncated (few records)")
+    drawn = [y for y in line.y[:len(a)] if y == y and y is not None]
+    assert len(drawn) == int(a["enough"].sum())  # the line skips the small buckets
+    assert few.mode == "markers" and few.marker.color == "#9aa5b1" and len(few.x) == int((~a["enough"]).sum())
+    assert "too few records" in few.customdata[0][2] and few.customdata[0][1] < 2
 
 
 def test_figures_of_tables(frame: pd.DataFrame, run: Path) -> None:
@@ -191,7 +230,8 @@ def test_figures_of_tables(frame: pd.DataFrame, run: Path) -> None:
     mix = plots.finish_mix_figure(explore.finish_mix(frame, overview))
     assert [t.name for t in mix.data] == ["stop", "length"]
     reasoning = plots.reasoning_figure(explore.reasoning_summary(frame), frame)
-    assert [t.name for t in reasoning.data] == ["reasoning (mean)", "answer (mean)", "a"]
+    legend = [t.name for t in reasoning.data if t.showlegend is not False]
+    assert legend == ["reasoning (mean)", "answer (mean)", "a", "no think-end id"]
     budget = plots.budget_figure(explore.budget_table(collect_stats(run, now=T0 + 40), frame))
     assert list(budget.data[0].y) == ["a", "b"]
     report = validate_run(run, workers=1)

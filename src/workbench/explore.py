@@ -57,6 +57,7 @@ from workbench.validate import (
 )
 
 __all__ = [
+    "MIN_BUCKET_RECORDS",
     "RECORD_COLUMNS",
     "RunOverview",
     "Sample",
@@ -83,6 +84,7 @@ RECORD_COLUMNS: tuple[str, ...] = (
 _INT_COLUMNS = ("prompt_tokens", "completion_tokens", "cached_tokens", "output_len",
                 "reasoning_tokens", "answer_tokens")
 MISSING_REASON = "missing"
+MIN_BUCKET_RECORDS = 10  # a time bucket with fewer records gets no alarm colour
 _NICE_SECONDS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                  43200, 86400)
 
@@ -550,13 +552,16 @@ def findings_over_time(
     *,
     model_profile: str | None = None,
     buckets: int = 40,
+    min_records: int = MIN_BUCKET_RECORDS,
 ) -> pd.DataFrame:
     """Per dataset, time bucket and per-record rule: records in the bucket, failures, rate.
 
     Buckets are a round number of seconds (about `buckets` over the run's time span), from
     record ``ts``; records without one are left out. Columns: dataset, start (UTC datetime),
-    seconds, records, rule, count, rate: one row per dataset, bucket and rule that failed
-    anywhere in the run (rule None when none did); rate is NaN in a bucket without records.
+    seconds, records, rule, count, rate, enough: one row per dataset, bucket and rule that
+    failed anywhere in the run (rule None when none did); rate is NaN in a bucket without
+    records; ``enough`` is False for a bucket of fewer than `min_records` records, whose
+    rate says little (the last records of a run are its longest, often truncated, replies).
     `run_dir` may be a :func:`~workbench.validate.scan_run` result (nothing read again).
     """
     scan = _scanned(run_dir, model_profile)
@@ -565,11 +570,13 @@ def findings_over_time(
         events.extend((name, ts, rules) for ts, rules in _failure_times(file.columns))
     names = list(scan.files)
     if not events:
-        columns = ["dataset", "start", "seconds", "records", "rule", "count", "rate"]
+        columns = ["dataset", "start", "seconds", "records", "rule", "count", "rate", "enough"]
         return _labelled(pd.DataFrame(columns=columns), names)
     times = np.array([ts for _, ts, _ in events])
     width = _bucket_seconds(float(times.max() - times.min()), buckets)
-    return _labelled(_bucketed(events, width), names)
+    shaped = _bucketed(events, width)
+    shaped["enough"] = shaped["records"] >= min_records
+    return _labelled(shaped, names)
 
 
 _Tallies = tuple[dict[tuple[str, float], int], dict[tuple[str, float, str], int]]

@@ -432,9 +432,43 @@ def _alpha(color: str, alpha: float) -> str:
     return f"rgba({red},{green},{blue},{alpha})"
 
 
-def _log_axis(fig: go.Figure, log: bool, **where: Any) -> None:
+LOG_TICKS: dict[str, Any] = {"type": "log", "dtick": 1, "tickformat": "~s",
+                             "minor": {"dtick": "D1", "showgrid": True, "gridcolor": "#f3f5f7"}}
+"""A log axis ticked at powers of ten as plain numbers (1, 10, 100, 1k), unlabelled minor
+grid lines between them."""
+TRUNCATED_SYMBOL = "x"  # finish "length"; no other marker uses it
+UNCLOSED_SYMBOL = "diamond-open"  # reasoning without a think-end id
+
+
+def _log_axis(fig: go.Figure, log: bool, *, y: bool = False, **where: Any) -> None:
     if log:
-        fig.update_xaxes(type="log", dtick="D2", **where)
+        fig.update_xaxes(**LOG_TICKS, **where)
+        if y:
+            fig.update_yaxes(**LOG_TICKS, **where)
+
+
+def _split_markers(g: pd.DataFrame, mask: pd.Series, *, name: str, color: str, symbol: str,
+                   x: str, y: str, hover: str, custom: Any) -> list[go.Scatter]:
+    """One dataset's points as two traces of one legend group: circles (the legend entry,
+    drawn even when empty) and the points of `mask` in `symbol` (never in the legend, so
+    the dataset's legend marker is always a circle)."""
+    marked = mask.fillna(False).astype(bool).to_numpy()
+    traces = []
+    for part, points in (("circle", ~marked), (symbol, marked)):
+        if part == symbol and not points.any():
+            continue
+        rows = g[points]
+        traces.append(go.Scatter(
+            x=rows[x], y=rows[y], name=name, legendgroup=name, showlegend=part == "circle",
+            mode="markers", marker={"color": color, "symbol": part, "size": 6, "opacity": 0.7},
+            customdata=custom(rows), hovertemplate=hover))
+    return traces
+
+
+def _symbol_key(symbol: str, label: str) -> go.Scatter:
+    """A legend-only entry saying what a marker symbol means."""
+    return go.Scatter(x=[None], y=[None], mode="markers", name=label, legendgroup=f"key-{symbol}",
+                      marker={"symbol": symbol, "color": "#616e7c", "size": 8}, hoverinfo="skip")
 
 
 def histogram_figure(hist: pd.DataFrame, *, log: bool = False,
@@ -491,26 +525,31 @@ def _hover_ids(values: Iterable[object]) -> list[str]:
     return [html.escape(str(v)) for v in values]
 
 
+def _scatter_custom(rows: pd.DataFrame) -> list[list[Any]]:
+    """Per point: sample id (escaped), finish reason, dataset, line (the record's address)."""
+    return [list(v) for v in zip(_hover_ids(rows["sample_id"]), rows["finish_reason"].astype(str),
+                                 rows["dataset"].astype(str), rows["line"].astype(int), strict=True)]
+
+
 def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_tokens",
                    y: str = "completion_tokens",
                    title: str = "Prompt tokens against completion tokens (sample)") -> go.Figure:
-    """Sampled records, columns x against y; truncated ones (finish length) drawn as crosses."""
+    """Sampled records, columns x against y; truncated ones (finish length) drawn as crosses.
+    Each point carries [sample id, finish reason, dataset, line] as customdata."""
     if sample.empty:
         return _empty(title, "no records")
     colors, fig = _colors(sample), go.Figure()
     for name, g in _present(sample):
-        symbols = ["x" if r == "length" else "circle" for r in g["finish_reason"]]
-        fig.add_trace(go.Scatter(
-            x=g[x], y=g[y], name=name, mode="markers",
-            marker={"color": colors[name], "symbol": symbols, "size": 6, "opacity": 0.7},
-            customdata=list(zip(_hover_ids(g["sample_id"]), g["finish_reason"].astype(str), strict=True)),
-            hovertemplate="sample %{customdata[0]}<br>" + x + " %{x:,} · " + y + " %{y:,}"
-                          "<br>finish %{customdata[1]}<extra>" + html.escape(name) + "</extra>"))
+        hover = ("sample %{customdata[0]}<br>" + x + " %{x:,} · " + y + " %{y:,}"
+                 "<br>finish %{customdata[1]}<extra>" + html.escape(name) + "</extra>")
+        fig.add_traces(_split_markers(g, g["finish_reason"] == "length", name=name, color=colors[name],
+                                      symbol=TRUNCATED_SYMBOL, x=x, y=y, hover=hover,
+                                      custom=_scatter_custom))
+    if (sample["finish_reason"] == "length").any():
+        fig.add_trace(_symbol_key(TRUNCATED_SYMBOL, "truncated (finish length)"))
     fig.update_layout(title={"text": title}, xaxis_title=x.replace("_", " "),
                       yaxis_title=y.replace("_", " "))
-    if log:
-        fig.update_xaxes(type="log", dtick="D2")
-        fig.update_yaxes(type="log", dtick="D2")
+    _log_axis(fig, log, y=True)
     return fig
 
 
@@ -520,7 +559,7 @@ _PART_COLORS = {"reasoning": "#334E68", "answer": "#9FB3C8"}
 def reasoning_figure(summary: pd.DataFrame, sample: pd.DataFrame,
                      title: str = "Reasoning and answer tokens (split at the think-end id)") -> go.Figure:
     """Mean reasoning and answer tokens per dataset (labelled with the reasoning share), and
-    a sample of records (crosses: no think-end id)."""
+    a sample of records (open diamonds: no think-end id)."""
     if summary.empty:
         return _empty(title, "no dataset with reasoning (thinking off, or a profile without think-end id)")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.36, 0.64], horizontal_spacing=0.09,
@@ -537,14 +576,15 @@ def reasoning_figure(summary: pd.DataFrame, sample: pd.DataFrame,
         fig.add_annotation(x=str(r.dataset), y=r.mean_reasoning + r.mean_answer, text=share,
                            showarrow=False, yanchor="bottom", font={"size": 11}, row=1, col=1)
     colors = _colors(sample)
-    for name, g in _present(sample[sample["closed"].notna()]):
-        fig.add_trace(go.Scatter(
-            x=g["reasoning_tokens"], y=g["answer_tokens"], name=name, mode="markers",
-            marker={"color": colors[name], "size": 5, "opacity": 0.6,
-                    "symbol": ["circle" if c else "x" for c in g["closed"]]},
-            customdata=_hover_ids(g["sample_id"]),
-            hovertemplate="sample %{customdata}<br>reasoning %{x:,} · answer %{y:,}<extra>"
-                          + html.escape(name) + "</extra>"), row=1, col=2)
+    split = sample[sample["closed"].notna()]
+    for name, g in _present(split):
+        hover = ("sample %{customdata[0]}<br>reasoning %{x:,} · answer %{y:,}<extra>"
+                 + html.escape(name) + "</extra>")
+        fig.add_traces(_split_markers(g, g["closed"].eq(False), name=name, color=colors[name],
+                                      symbol=UNCLOSED_SYMBOL, x="reasoning_tokens", y="answer_tokens",
+                                      hover=hover, custom=_scatter_custom), rows=1, cols=2)
+    if split["closed"].eq(False).any():
+        fig.add_trace(_symbol_key(UNCLOSED_SYMBOL, "no think-end id"), row=1, col=2)
     fig.update_layout(title={"text": title}, barmode="stack", height=500,
                       legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0.5,
                               "xanchor": "center", "traceorder": "normal"},
@@ -624,10 +664,35 @@ def _middle(buckets: pd.DataFrame) -> pd.Series:
     return buckets["start"] + pd.to_timedelta(buckets["seconds"] / 2, unit="s")
 
 
+_FEW_COLOR = "#9aa5b1"
+
+
+def _rule_traces(part: pd.DataFrame, rule: str, color: str, name: str, *, first: bool) -> list[go.Scatter]:
+    """A rule's share failing per bucket: a line over buckets with enough records, grey open
+    markers (no line, no alarm colour) over buckets with fewer; counts in the hover."""
+    enough = part["enough"].astype(bool) if "enough" in part else pd.Series(True, index=part.index)
+    hover = (rule + ": %{customdata[0]} of %{customdata[1]} records (%{y:.1f}%)%{customdata[2]}"
+             "<extra>" + html.escape(name) + "</extra>")
+    traces = []
+    for full, rows in ((True, part), (False, part[~enough])):
+        rate = rows["rate"].where(enough[rows.index]) if full else rows["rate"]
+        note = "" if full else "<br>too few records to say much"
+        custom = [[c, n, note] for c, n in zip(rows["count"], rows["records"], strict=True)]
+        style = ({"mode": "lines+markers", "line": {"color": color, "width": 2}, "marker": {"size": 5},
+                  "name": rule, "showlegend": first} if full else
+                 {"mode": "markers", "marker": {"size": 6, "color": _FEW_COLOR, "symbol": "circle-open"},
+                  "name": f"{rule} (few records)", "showlegend": False})
+        if full or not rows.empty:
+            traces.append(go.Scatter(x=_middle(rows), y=rate * 100, legendgroup=rule, connectgaps=False,
+                                     customdata=custom, hovertemplate=hover, **style))
+    return traces
+
+
 def findings_over_time_figure(over_time: pd.DataFrame,
                               title: str = "Findings over time (per-record rules, by record timestamp)") -> go.Figure:
     """Per dataset panel: records written per time bucket (grey bars, right axis) and the share
-    of them failing each rule (lines, broken where nothing was written)."""
+    of them failing each rule (lines, broken where nothing was written; a bucket of too few
+    records, see explore.findings_over_time, is a grey open marker, not part of the line)."""
     if over_time.empty:
         return _empty(title, "no records with a timestamp")
     present = [n for n in _names(over_time) if (over_time["dataset"] == n).any()]
@@ -645,13 +710,8 @@ def findings_over_time_figure(over_time: pd.DataFrame,
                       row=row, col=1, secondary_y=True)
         for rule in rules:
             part = g[g["rule"] == rule].sort_values("start")
-            fig.add_trace(go.Scatter(
-                x=_middle(part), y=part["rate"] * 100, name=rule, legendgroup=rule,
-                showlegend=row == 1, mode="lines+markers", connectgaps=False,
-                line={"color": colors[rule], "width": 2}, marker={"size": 5},
-                customdata=list(zip(part["count"], part["records"], strict=True)),
-                hovertemplate=rule + ": %{customdata[0]} of %{customdata[1]} records (%{y:.1f}%)"
-                              "<extra>" + html.escape(name) + "</extra>"), row=row, col=1)
+            fig.add_traces(_rule_traces(part, rule, colors[rule], name, first=row == 1),
+                           rows=row, cols=1)
         fig.update_yaxes(title_text="% failing", rangemode="tozero", row=row, col=1, secondary_y=False)
         fig.update_yaxes(title_text="records", rangemode="tozero", showgrid=False, tickmode="auto",
                          nticks=4, tickformat=",d", row=row, col=1, secondary_y=True)
@@ -672,10 +732,14 @@ def explore_scatter(sample: pd.DataFrame, *, x: str = "prompt_tokens", y: str = 
     present = [name for name, _ in _present(sample)]
     if not present:
         return fig
-    buttons = [{"label": "all datasets", "method": "update", "args": [{"visible": [True] * len(present)}]}]
-    buttons += [{"label": name, "method": "update",
-                 "args": [{"visible": [j == i for j in range(len(present))]}]}
-                for i, name in enumerate(present)]
+    groups = [trace.legendgroup for trace in fig.data]
+
+    def showing(names: Sequence[str]) -> list[bool]:
+        return [group in names or group not in present for group in groups]
+
+    buttons = [{"label": "all datasets", "method": "update", "args": [{"visible": showing(present)}]}]
+    buttons += [{"label": name, "method": "update", "args": [{"visible": showing([name])}]}
+                for name in present]
     fig.update_layout(updatemenus=[{"buttons": buttons, "direction": "down", "x": 0.0, "y": 1.02,
                                     "xanchor": "left", "yanchor": "bottom"}], margin={"t": 110})
     return fig
