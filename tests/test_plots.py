@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,7 @@ def test_time_buckets_of_few_records_are_not_drawn_as_an_alarm(run: Path) -> Non
     fig = plots.findings_over_time_figure(over)
     line = next(t for t in fig.data if t.name == "truncated")
     few = next(t for t in fig.data if t.name == "truncated (few records)")
-    drawn = [y for y in line.y[:len(a)] if y == y and y is not None]
+    drawn = [y for y in line.y[:len(a)] if y is not None and not math.isnan(y)]
     assert len(drawn) == int(a["enough"].sum())  # the line skips the small buckets
     assert few.mode == "markers" and few.marker.color == "#9aa5b1" and len(few.x) == int((~a["enough"]).sum())
     assert "too few records" in few.customdata[0][2] and few.customdata[0][1] < 2

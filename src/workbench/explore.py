@@ -15,8 +15,12 @@ function of each per section.
     findings_table        validation findings per dataset and rule
     examples_table        the findings' example records, with a text or id excerpt
     findings_over_time    per-record rule failures by record timestamp
-    filter_records        the explore notebook's filters
+    filter_records        the explorer's filters (datasets, finish reasons, token ranges, a
+                          validation rule via record_findings, a sample id)
+    record_findings       the per-record validation rules each record fails
     samples               chosen records with their output decoded (or their ids)
+    record_detail         one record in full: prompt, reasoning, answer, counts, findings
+    search_replies        the selected records whose decoded reply holds a text
 
 The reasoning split, per record: ids before the first think-end id are reasoning, ids after
 it are the answer, trailing end ids (end_ids, eos_id) count in neither. A reply without the
@@ -35,13 +39,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from workbench.columns import Columns, FileScan
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
-from workbench.records import RAW_FILE, Row, iter_blocks
+from workbench.records import PROMPTS_FILE, RAW_FILE, Row, iter_blocks
 from workbench.stats import RunStats
 from workbench.validate import (
     SCAN_BLOCK_BYTES,
@@ -59,6 +64,7 @@ from workbench.validate import (
 __all__ = [
     "MIN_BUCKET_RECORDS",
     "RECORD_COLUMNS",
+    "RecordDetail",
     "RunOverview",
     "Sample",
     "budget_table",
@@ -70,10 +76,13 @@ __all__ = [
     "finish_mix",
     "histogram",
     "reasoning_summary",
+    "record_detail",
+    "record_findings",
     "record_frame",
     "run_overview",
     "sample_records",
     "samples",
+    "search_replies",
 ]
 
 RECORD_COLUMNS: tuple[str, ...] = (
@@ -254,11 +263,16 @@ def _edges(values: np.ndarray, log: bool, bins: int) -> np.ndarray:
 
 
 def histogram(
-    frame: pd.DataFrame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40
+    frame: pd.DataFrame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40,
+    also: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Counts per bin and dataset: dataset, left, right, count, share (of the dataset's rows
-    with the value). Bins are shared by all datasets; log-spaced bins put 0 in the first."""
-    edges = _edges(_known(frame[column]), log, bins)
+    with the value). Bins are shared by all datasets (and span `also`'s values too, so two
+    runs' histograms share them); log-spaced bins put 0 in the first."""
+    known = _known(frame[column])
+    if also is not None:
+        known = np.concatenate([known, _known(also[column])])
+    edges = _edges(known, log, bins)
     parts = []
     for name, group in _groups(frame):
         values = np.clip(_known(group[column]), edges[0], edges[-1])
@@ -617,33 +631,92 @@ def _bucketed(events: list[tuple[str, float, Iterable[str]]], width: int) -> pd.
 # --- exploration -----------------------------------------------------------------------------
 
 
+def _one_or_many(value: str | Sequence[str] | None) -> list[str] | None:
+    return None if value is None else [value] if isinstance(value, str) else list(value)
+
+
+def _between(values: pd.Series, low: int | None, high: int | None) -> pd.Series:
+    keep = pd.Series(True, index=values.index)
+    if low is not None:
+        keep &= (values >= low).fillna(False).astype(bool)
+    if high is not None:
+        keep &= (values <= high).fillna(False).astype(bool)
+    return keep
+
+
+def _check_datasets(frame: pd.DataFrame, wanted: list[str]) -> None:
+    unknown = [name for name in wanted if name not in _names(frame)]
+    if unknown:
+        known = ", ".join(_names(frame)) or "none"
+        raise ConfigError("dataset", f"unknown dataset {unknown[0]!r} (known: {known})")
+
+
+def _with_rule(frame: pd.DataFrame, rule: str, findings: pd.DataFrame | None) -> pd.Series:
+    if findings is None:
+        raise ConfigError("rule", "filtering by rule needs the records' findings (record_findings)")
+    hits = findings.loc[findings["rule"] == rule, ["dataset", "line"]]
+    keys = set(zip(hits["dataset"].astype(str), hits["line"], strict=True))
+    pairs = zip(frame["dataset"].astype(str), frame["line"], strict=True)
+    return pd.Series([pair in keys for pair in pairs], index=frame.index, dtype=bool)
+
+
 def filter_records(
     frame: pd.DataFrame,
     *,
-    dataset: str | None = None,
-    finish_reason: str | None = None,
+    dataset: str | Sequence[str] | None = None,
+    finish_reason: str | Sequence[str] | None = None,
     truncated: bool = False,
     min_completion_tokens: int | None = None,
+    max_completion_tokens: int | None = None,
+    min_prompt_tokens: int | None = None,
+    max_prompt_tokens: int | None = None,
     unclosed: bool = False,
+    rule: str | None = None,
+    sample_id: str | int | None = None,
+    findings: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """The rows that pass every given filter: one dataset, one finish reason, truncated
-    (finish "length"), at least `min_completion_tokens`, reasoning without a think-end id.
-    ConfigError for a dataset the run does not have."""
+    """The rows that pass every given filter: dataset(s), finish reason(s), truncated
+    (finish "length"), completion and prompt token ranges (bounds included), reasoning
+    without a think-end id, a per-record validation rule that fired (needs `findings`, a
+    record_findings frame), a sample id (compared as text). ConfigError for a dataset the
+    run does not have."""
     keep = pd.Series(True, index=frame.index)
-    if dataset is not None:
-        if dataset not in _names(frame):
-            known = ", ".join(_names(frame)) or "none"
-            raise ConfigError("dataset", f"unknown dataset {dataset!r} (known: {known})")
-        keep &= (frame["dataset"] == dataset).astype(bool)
-    if finish_reason is not None:
-        keep &= frame["finish_reason"] == finish_reason
+    datasets, reasons = _one_or_many(dataset), _one_or_many(finish_reason)
+    if datasets is not None:
+        _check_datasets(frame, datasets)
+        keep &= frame["dataset"].astype(str).isin(datasets).to_numpy()
+    if reasons is not None:
+        keep &= frame["finish_reason"].isin(reasons).fillna(False).astype(bool)
     if truncated:
         keep &= frame["finish_reason"] == "length"
-    if min_completion_tokens is not None:
-        keep &= (frame["completion_tokens"] >= min_completion_tokens).fillna(False).astype(bool)
+    keep &= _between(frame["completion_tokens"], min_completion_tokens, max_completion_tokens)
+    keep &= _between(frame["prompt_tokens"], min_prompt_tokens, max_prompt_tokens)
     if unclosed:
         keep &= frame["closed"].eq(False).fillna(False).astype(bool)
+    if sample_id is not None and str(sample_id) != "":
+        keep &= frame["sample_id"].map(str) == str(sample_id)
+    if rule is not None:
+        keep &= _with_rule(frame[keep], rule, findings).reindex(frame.index, fill_value=False)
     return frame[keep]
+
+
+def _rule_rows(ds: DatasetDir, checker: RecordChecker) -> Iterator[tuple[str, int, str, str]]:
+    if not ds.raw_path.is_file():
+        return
+    for block in iter_blocks(ds.raw_path, with_output_ids=True):
+        for row, problems in zip(block.rows, checker.check_rows(block.rows), strict=True):
+            yield from ((ds.name, row.line, rule, detail) for rule, detail in problems)
+
+
+def record_findings(run_dir: str | os.PathLike[str], *, model_profile: str | None = None) -> pd.DataFrame:
+    """One row per record and per-record validation rule it fails (the rules of
+    ``workbench validate`` that look at one record): dataset, line, rule, detail."""
+    run, profile = _run(run_dir, model_profile)
+    rows: list[tuple[str, int, str, str]] = []
+    for ds in run.datasets:
+        checker = RecordChecker(profile, reasoning=reasoning_expected(profile, ds.chat_template_kwargs))
+        rows.extend(_rule_rows(ds, checker))
+    return pd.DataFrame(rows, columns=["dataset", "line", "rule", "detail"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,3 +792,122 @@ def samples(
         for line, row in sorted(found.items()):
             shown.append(_sample(ds.name, row, profile, reasoning, decoder, chars))
     return shown
+
+
+# --- one record, and search in the decoded replies -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDetail:
+    """One record opened in full: prompt, reasoning and answer (decoded with special tokens
+    visible, or as ids), counts, and the per-record findings it has."""
+
+    dataset: str
+    line: int
+    sample_id: int | str | None
+    finish_reason: str | None
+    matched_stop: int | str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    prompt: str | None
+    reasoning: str | None
+    answer: str
+    decoded: bool
+    findings: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _PromptLine(msgspec.Struct):
+    sample_id: Any = None
+    input_ids: list[int] | None = None
+    text: str | None = None
+    messages: Any = None
+
+
+_PROMPT_DECODER = msgspec.json.Decoder(_PromptLine)
+
+
+def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, str]) -> str | None:
+    """The prompt of `sample_id` as sent (prompts.jsonl): decoded ids, or its text."""
+    if sample_id is None or not path.is_file():
+        return None
+    with path.open("rb") as lines:
+        for raw in lines:
+            try:
+                prompt = _PROMPT_DECODER.decode(raw)
+            except msgspec.DecodeError:
+                continue
+            if prompt.sample_id == sample_id:
+                if prompt.input_ids is not None:
+                    return _show(prompt.input_ids, decoder, names)
+                return prompt.text if prompt.text is not None else str(prompt.messages)
+    return None
+
+
+def _show(ids: Sequence[int], decoder: Any, names: Mapping[int, str]) -> str:
+    return decoder.decode(list(ids), skip_special_tokens=False) if decoder else _render_ids(ids, names)
+
+
+def _dataset_dir(run: RunInfo, name: str) -> DatasetDir:
+    for ds in run.datasets:
+        if ds.name == name:
+            return ds
+    known = ", ".join(ds.name for ds in run.datasets) or "none"
+    raise ConfigError("dataset", f"unknown dataset {name!r} (known: {known})")
+
+
+def record_detail(
+    run_dir: str | os.PathLike[str],
+    dataset: str,
+    line: int,
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    model_profile: str | None = None,
+) -> RecordDetail:
+    """The record at `line` of `dataset`'s raw file, in full (ConfigError when there is none)."""
+    run, profile = _run(run_dir, model_profile)
+    ds = _dataset_dir(run, dataset)
+    row = _rows_at(ds.raw_path, {line}).get(line)
+    if row is None:
+        raise ConfigError("line", f"{ds.raw_path}: no readable record at line {line}")
+    reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
+    decoder, names = _decoder(tokenizer), _id_names(profile)
+    head, tail = _parts(row.output_ids or [], profile, reasoning)
+    problems = RecordChecker(profile, reasoning=reasoning).check_rows([row])[0]
+    return RecordDetail(
+        dataset, line, row.sample_id, row.finish_reason, row.matched_stop, row.prompt_tokens,
+        row.completion_tokens, row.cached_tokens,
+        _prompt_of(ds.folder / PROMPTS_FILE, row.sample_id, decoder, names),
+        None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
+        decoder is not None, tuple(problems))
+
+
+def search_replies(
+    run_dir: str | os.PathLike[str],
+    selected: pd.DataFrame,
+    text: str,
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    model_profile: str | None = None,
+    limit: int = 5000,
+    cache: dict[tuple[str, int], str] | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """The rows of `selected` whose decoded reply (special tokens visible; ids without a
+    tokenizer) holds `text` (case-insensitive), and how many rows were searched: the first
+    `limit` of the selection. `cache` keeps decoded replies between calls."""
+    run, profile = _run(run_dir, model_profile)
+    decoder, names = _decoder(tokenizer), _id_names(profile)
+    store = {} if cache is None else cache
+    searched = selected.iloc[:limit]
+    for ds in run.datasets:
+        lines = searched.loc[searched["dataset"].astype(str) == ds.name, "line"]
+        todo = {int(n) for n in lines if (ds.name, int(n)) not in store}
+        for at, row in _rows_at(ds.raw_path, todo).items():
+            store[(ds.name, at)] = _show(row.output_ids or [], decoder, names).casefold()
+    needle = text.casefold()
+    keys = zip(searched["dataset"].astype(str), searched["line"].astype(int), strict=True)
+    hits = [needle in store.get(key, "") for key in keys]
+    return searched[pd.Series(hits, index=searched.index, dtype=bool)], len(searched)

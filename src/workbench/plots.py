@@ -54,6 +54,7 @@ __all__ = [
     "finish_mix_figure",
     "histogram_figure",
     "reasoning_figure",
+    "record_view",
     "report_header",
     "samples_view",
     "scatter_figure",
@@ -401,6 +402,27 @@ def _sample_card(s: Any) -> str:
     return f'<div class="wb-card"><h4>{_e(title)}</h4>{blocks}{cut}</div>'
 
 
+def record_view(detail: Any) -> Rendered:
+    """One record in full (explore.record_detail): counts, findings, prompt, reasoning and
+    answer, model text escaped; the data is the detail itself."""
+    title = f"{detail.dataset} · line {detail.line} · sample {detail.sample_id}"
+    counts = _table(["finish reason", "matched stop", "prompt tok", "completion tok", "cached tok"],
+                    [[detail.finish_reason or "-", "-" if detail.matched_stop is None else detail.matched_stop,
+                      _count(detail.prompt_tokens), _count(detail.completion_tokens),
+                      _count(detail.cached_tokens)]], numeric=(2, 3, 4))
+    found = "".join(f"<li><b>{_e(rule)}</b>: {_e(text)}</li>" for rule, text in detail.findings)
+    findings = f"<ul>{found}</ul>" if found else '<p class="wb-note">no per-record findings</p>'
+    kind = "decoded, special tokens shown" if detail.decoded else "token ids (no tokenizer given)"
+    parts = [("Prompt", detail.prompt if detail.prompt is not None else "(not in prompts.jsonl)")]
+    parts += [("Reasoning", detail.reasoning)] if detail.reasoning is not None else []
+    parts.append(("Answer", detail.answer))
+    blocks = "".join(f'<div class="wb-part">{_e(name)} ({_e(kind)})</div>'
+                     f'<pre class="wb-code wb-record-{name.lower()}">{_e(text) or "(empty)"}</pre>'
+                     for name, text in parts)
+    return Rendered(f'<div class="wb-report"><div class="wb-card wb-record"><h4>{_e(title)}</h4>'
+                    f"{counts}{findings}{blocks}</div></div>", detail.to_dict())
+
+
 # --- figures ---------------------------------------------------------------------------------
 
 
@@ -471,25 +493,39 @@ def _symbol_key(symbol: str, label: str) -> go.Scatter:
                       marker={"symbol": symbol, "color": "#616e7c", "size": 8}, hoverinfo="skip")
 
 
+def _compare_color(colors: Mapping[str, str], name: str) -> str:
+    return colors.get(name, "#616e7c")
+
+
 def histogram_figure(hist: pd.DataFrame, *, log: bool = False,
-                     title: str = "Completion tokens per record") -> go.Figure:
-    """Step outlines of explore.histogram: share of each dataset's records per bin."""
-    if hist.empty:
+                     title: str = "Completion tokens per record",
+                     compare: pd.DataFrame | None = None, compare_label: str = "run B") -> go.Figure:
+    """Step outlines of explore.histogram: share of each dataset's records per bin; a second
+    run's histogram (`compare`, on the same bins) as dashed outlines in the same colours."""
+    if hist.empty and (compare is None or compare.empty):
         return _empty(title, "no records")
     colors, fig = _colors(hist), go.Figure()
-    for name, g in _present(hist):
-        x = [*g["left"], g["right"].iloc[-1]]
-        y = [*(g["share"] * 100), g["share"].iloc[-1] * 100]
-        custom = [[f"{a:,.0f}–{b:,.0f}", c] for a, b, c in zip(g["left"], g["right"], g["count"], strict=True)]
-        fig.add_trace(go.Scatter(
-            x=x, y=y, name=name, mode="lines", line={"shape": "hv", "color": colors[name], "width": 2},
-            fill="tozeroy", fillcolor=_alpha(colors[name], 0.12), customdata=[*custom, custom[-1]],
-            hovertemplate="%{customdata[0]} tokens<br>%{customdata[1]} records (%{y:.1f}%)<extra>"
-                          + html.escape(name) + "</extra>"))
+    runs = [(hist, "", False)] + ([(compare, f" ({compare_label})", True)] if compare is not None else [])
+    for shaped, suffix, dashed in runs:
+        for name, g in _present(shaped):
+            fig.add_trace(_histogram_trace(g, name + suffix, _compare_color(colors, name), dashed))
     fig.update_layout(title={"text": title}, xaxis_title="completion tokens" + (" (log)" if log else ""),
                       yaxis_title="% of the dataset's records")
     _log_axis(fig, log)
     return fig
+
+
+def _histogram_trace(g: pd.DataFrame, name: str, color: str, dashed: bool) -> go.Scatter:
+    x = [*g["left"], g["right"].iloc[-1]]
+    y = [*(g["share"] * 100), g["share"].iloc[-1] * 100]
+    custom = [[f"{a:,.0f}–{b:,.0f}", c] for a, b, c in zip(g["left"], g["right"], g["count"], strict=True)]
+    return go.Scatter(
+        x=x, y=y, name=name, mode="lines",
+        line={"shape": "hv", "color": color, "width": 2, "dash": "dash" if dashed else "solid"},
+        fill=None if dashed else "tozeroy", fillcolor=None if dashed else _alpha(color, 0.12),
+        customdata=[*custom, custom[-1]],
+        hovertemplate="%{customdata[0]} tokens<br>%{customdata[1]} records (%{y:.1f}%)<extra>"
+                      + html.escape(name) + "</extra>")
 
 
 def cdf_figure(curve: pd.DataFrame, *, log: bool = False,
@@ -531,12 +567,27 @@ def _scatter_custom(rows: pd.DataFrame) -> list[list[Any]]:
                                  rows["dataset"].astype(str), rows["line"].astype(int), strict=True)]
 
 
+def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y: str,
+                    label: str) -> list[go.Scatter]:
+    traces = []
+    for name, g in _present(compare):
+        shown = f"{name} ({label})"
+        traces.append(go.Scatter(
+            x=g[x], y=g[y], name=shown, legendgroup=shown, mode="markers",
+            marker={"color": _compare_color(colors, name), "symbol": "circle-open", "size": 6, "opacity": 0.5},
+            customdata=_scatter_custom(g), hovertemplate="sample %{customdata[0]}<br>" + x + " %{x:,} · "
+            + y + " %{y:,}<br>finish %{customdata[1]}<extra>" + html.escape(shown) + "</extra>"))
+    return traces
+
+
 def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_tokens",
                    y: str = "completion_tokens",
-                   title: str = "Prompt tokens against completion tokens (sample)") -> go.Figure:
+                   title: str = "Prompt tokens against completion tokens (sample)",
+                   compare: pd.DataFrame | None = None, compare_label: str = "run B") -> go.Figure:
     """Sampled records, columns x against y; truncated ones (finish length) drawn as crosses.
-    Each point carries [sample id, finish reason, dataset, line] as customdata."""
-    if sample.empty:
+    Each point carries [sample id, finish reason, dataset, line] as customdata. A second
+    run's sample (`compare`) is drawn as open circles in the same colours."""
+    if sample.empty and (compare is None or compare.empty):
         return _empty(title, "no records")
     colors, fig = _colors(sample), go.Figure()
     for name, g in _present(sample):
@@ -545,6 +596,8 @@ def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_
         fig.add_traces(_split_markers(g, g["finish_reason"] == "length", name=name, color=colors[name],
                                       symbol=TRUNCATED_SYMBOL, x=x, y=y, hover=hover,
                                       custom=_scatter_custom))
+    if compare is not None:
+        fig.add_traces(_compare_points(compare, colors, x, y, compare_label))
     if (sample["finish_reason"] == "length").any():
         fig.add_trace(_symbol_key(TRUNCATED_SYMBOL, "truncated (finish length)"))
     fig.update_layout(title={"text": title}, xaxis_title=x.replace("_", " "),
