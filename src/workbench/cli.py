@@ -497,6 +497,40 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- explore
+def _add_explore(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("explore", help="JupyterLab on a run's own explorer notebook",
+                       description="Open JupyterLab on RUN/explore.ipynb (made from the package's "
+                                   "explore notebook when missing) and print its URL; Ctrl-C stops it.")
+    p.add_argument("out", type=Path, metavar="RUN", help="run directory (the --out of generate)")
+    p.add_argument("--port", type=_positive_int, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--no-browser", action="store_true", help="only print the URL")
+    p.set_defaults(func=_cmd_explore)
+
+
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from workbench.lab import explorer_notebook, start_lab
+    from workbench.launch import port_is_free
+
+    if args.port is not None and not port_is_free(args.port):
+        from workbench.errors import ConfigError
+
+        raise ConfigError("--port", f"port {args.port} on 127.0.0.1 is in use")
+    notebook, created = explorer_notebook(args.out)
+    print(f"{'created' if created else 'using'} {notebook}", flush=True)
+    print("starting JupyterLab ...", flush=True)
+    lab = start_lab(args.out, notebook.name, port=args.port)
+    print(lab.url, flush=True)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(lab.url)
+    try:
+        return lab.wait()
+    finally:
+        lab.stop()
+
+
 # --------------------------------------------------------------------------- tune
 def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tune", help="sweep server configurations under load, recommend one",
@@ -585,8 +619,8 @@ def _not_found_hint(url: str) -> str:
 
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
-    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report, _add_tune,
-    _add_init, _add_demo,
+    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report,
+    _add_explore, _add_tune, _add_init, _add_demo,
 )
 
 

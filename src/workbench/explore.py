@@ -52,6 +52,7 @@ from workbench.validate import (
     SCAN_BLOCK_BYTES,
     SEVERITY,
     DatasetDir,
+    RecordChecker,
     RunInfo,
     RunScan,
     ValidationReport,
@@ -700,23 +701,18 @@ def filter_records(
     return frame[keep]
 
 
-def _rule_rows(ds: DatasetDir, checker: RecordChecker) -> Iterator[tuple[str, int, str, str]]:
-    if not ds.raw_path.is_file():
-        return
-    for block in iter_blocks(ds.raw_path, with_output_ids=True):
-        for row, problems in zip(block.rows, checker.check_rows(block.rows), strict=True):
-            yield from ((ds.name, row.line, rule, detail) for rule, detail in problems)
-
-
-def record_findings(run_dir: str | os.PathLike[str], *, model_profile: str | None = None) -> pd.DataFrame:
+def record_findings(run_dir: RunSource, *, model_profile: str | None = None) -> pd.DataFrame:
     """One row per record and per-record validation rule it fails (the rules of
-    ``workbench validate`` that look at one record): dataset, line, rule, detail."""
-    run, profile = _run(run_dir, model_profile)
-    rows: list[tuple[str, int, str, str]] = []
-    for ds in run.datasets:
-        checker = RecordChecker(profile, reasoning=reasoning_expected(profile, ds.chat_template_kwargs))
-        rows.extend(_rule_rows(ds, checker))
-    return pd.DataFrame(rows, columns=["dataset", "line", "rule", "detail"])
+    ``workbench validate`` that look at one record): dataset, line, rule. From the scan's
+    per-record masks: nothing is read again when `run_dir` is a scan."""
+    scan = _scanned(run_dir, model_profile)
+    rows: list[tuple[str, int, str]] = []
+    for name, file in scan.files.items():
+        rules: dict[int, list[str]] = {}
+        for line, mask in zip(file.columns.line, file.columns.failed, strict=True):
+            if mask:
+                rows.extend((name, line, rule) for rule in rules.setdefault(mask, failed_rules(mask)))
+    return pd.DataFrame(rows, columns=["dataset", "line", "rule"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -860,17 +856,18 @@ def _dataset_dir(run: RunInfo, name: str) -> DatasetDir:
 
 
 def record_detail(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunSource,
     dataset: str,
     line: int,
     *,
     tokenizer: str | os.PathLike[str] | None = None,
     model_profile: str | None = None,
 ) -> RecordDetail:
-    """The record at `line` of `dataset`'s raw file, in full (ConfigError when there is none)."""
-    run, profile = _run(run_dir, model_profile)
-    ds = _dataset_dir(run, dataset)
-    row = _rows_at(ds.raw_path, {line}).get(line)
+    """The record at `line` of `dataset`'s raw file, in full (ConfigError when there is
+    none); with a scan, only the block holding it is read."""
+    scan = _scanned(run_dir, model_profile)
+    profile, ds = scan.profile, _dataset_dir(scan.run, dataset)
+    row = _rows_at(ds.raw_path, {line}, scan.files.get(ds.name)).get(line)
     if row is None:
         raise ConfigError("line", f"{ds.raw_path}: no readable record at line {line}")
     reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
@@ -886,7 +883,7 @@ def record_detail(
 
 
 def search_replies(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunSource,
     selected: pd.DataFrame,
     text: str,
     *,
@@ -898,14 +895,14 @@ def search_replies(
     """The rows of `selected` whose decoded reply (special tokens visible; ids without a
     tokenizer) holds `text` (case-insensitive), and how many rows were searched: the first
     `limit` of the selection. `cache` keeps decoded replies between calls."""
-    run, profile = _run(run_dir, model_profile)
-    decoder, names = _decoder(tokenizer), _id_names(profile)
+    scan = _scanned(run_dir, model_profile)
+    decoder, names = _decoder(tokenizer), _id_names(scan.profile)
     store = {} if cache is None else cache
     searched = selected.iloc[:limit]
-    for ds in run.datasets:
+    for ds in scan.run.datasets:
         lines = searched.loc[searched["dataset"].astype(str) == ds.name, "line"]
         todo = {int(n) for n in lines if (ds.name, int(n)) not in store}
-        for at, row in _rows_at(ds.raw_path, todo).items():
+        for at, row in _rows_at(ds.raw_path, todo, scan.files.get(ds.name)).items():
             store[(ds.name, at)] = _show(row.output_ids or [], decoder, names).casefold()
     needle = text.casefold()
     keys = zip(searched["dataset"].astype(str), searched["line"].astype(int), strict=True)

@@ -61,6 +61,7 @@ __all__ = [
     "link_latest",
     "load_parameters",
     "notebook_parameters",
+    "notebook_path",
     "notebooks_dir",
     "parse_overrides",
     "run_report",
@@ -135,6 +136,11 @@ def notebooks_dir() -> Path:
 
 def _looks_like_path(name: str) -> bool:
     return name.endswith(".ipynb") or "/" in name or os.sep in name
+
+
+def notebook_path(name: str) -> Path:
+    """The package's notebook NAME (ConfigError naming the known ones when there is none)."""
+    return _notebook_path(name, None)
 
 
 def _notebook_path(name: str, folder: Path | None) -> Path:
@@ -457,6 +463,8 @@ def run_report(
     """
     notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
+    if "interactive" in notebook_parameters(notebook):
+        parameters.setdefault("interactive", False)  # a report is static: no widgets
     if parameters.get("run_dir") is not None:
         from workbench.stats import check_run_dir
 

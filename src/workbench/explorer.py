@@ -1,0 +1,201 @@
+"""The explore notebook's explorer: a run's records loaded once, filtered by controls, with
+figures and a record viewer that update in place.
+
+    app = Explorer(run_dir, tokenizer=..., compare_run_dir=..., filters={...})
+    app.controls()     datasets, finish reasons, completion and prompt token ranges, a
+                       validation rule, text in the decoded reply, a sample id
+    app.scatter()      records (a sample of the selection); click a point to open it
+    app.histogram()    completion tokens of the selection (and of the compared run)
+    app.record_viewer() the record viewer: prompt, reasoning, answer, counts, findings
+
+In JupyterLab (``interactive=True``) these return ipywidgets (plotly ``FigureWidget``) bound
+to one selection: a control change refilters the loaded records and redraws every view; no
+file is read again, except the few replies a text search decodes and the record opened.
+Under papermill (``interactive=False``, what ``workbench report`` runs) the same calls return
+static figures and report blocks of the selection the parameters give.
+
+The filters are those of :func:`workbench.explore.filter_records` (``filters`` takes its
+keyword arguments) plus ``search``; shaping is in :mod:`workbench.explore`, drawing in
+:mod:`workbench.plots`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench import explore, plots
+from workbench.errors import ConfigError
+from workbench.validate import scan_run
+
+__all__ = ["FILTER_KEYS", "Explorer"]
+
+FILTER_KEYS = ("dataset", "finish_reason", "truncated", "min_completion_tokens",
+               "max_completion_tokens", "min_prompt_tokens", "max_prompt_tokens", "unclosed",
+               "rule", "sample_id", "search")
+_HINT = "Click a point in a figure, or enter a sample id above, to open a record here."
+
+
+class Explorer:
+    """One run's records (and optionally a second run's, laid over them) and a selection."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        model_profile: str | None = None,
+        tokenizer: str | os.PathLike[str] | None = None,
+        compare_run_dir: str | os.PathLike[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
+        sample_size: int = 2000,
+        samples_shown: int = 5,
+        text_chars: int = 2000,
+        search_limit: int = 5000,
+        seed: int = 0,
+        log: bool = False,
+        interactive: bool = True,
+    ) -> None:
+        unknown = sorted(set(filters or {}) - set(FILTER_KEYS))
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown filter (known: {', '.join(FILTER_KEYS)})")
+        self.overview = explore.run_overview(run_dir, model_profile=model_profile)
+        profile = self.overview.model_profile
+        self.scan = scan_run(run_dir, model_profile=profile)  # one read of the run, cached
+        self.records = explore.record_frame(self.scan)
+        self.findings = explore.record_findings(self.scan)
+        self.compare = (None if compare_run_dir is None else
+                        explore.record_frame(compare_run_dir, model_profile=profile))
+        self.compare_label = "" if compare_run_dir is None else Path(compare_run_dir).name
+        self.tokenizer, self.interactive = tokenizer, interactive
+        self.sample_size, self.samples_shown, self.text_chars = sample_size, samples_shown, text_chars
+        self.search_limit, self.seed, self.log = search_limit, seed, log
+        self.filters: dict[str, Any] = {k: v for k, v in (filters or {}).items() if v not in (None, False, "")}
+        self._texts: dict[tuple[str, int], str] = {}
+        self._views: list[Callable[[], None]] = []  # redraws, called after every update
+        self._viewer: Any = None
+        self.searched = 0
+        self.selected = self._select()
+
+    # --- the selection -----------------------------------------------------------------------
+
+    def _select(self) -> pd.DataFrame:
+        given = {k: v for k, v in self.filters.items() if k != "search"}
+        selected = explore.filter_records(self.records, findings=self.findings, **given)
+        text = self.filters.get("search")
+        if not text:
+            self.searched = 0
+            return selected
+        found, self.searched = explore.search_replies(
+            self.scan, selected, text, tokenizer=self.tokenizer, limit=self.search_limit,
+            cache=self._texts)
+        return found
+
+    def compared(self) -> pd.DataFrame | None:
+        """The compared run's records under the same filters (rule and search left out: its
+        findings and text are not loaded); datasets it does not have are skipped."""
+        if self.compare is None:
+            return None
+        given = {k: v for k, v in self.filters.items() if k not in ("rule", "search")}
+        if "dataset" in given:
+            wanted = given["dataset"]
+            names = [wanted] if isinstance(wanted, str) else list(wanted)
+            given["dataset"] = [n for n in names if n in set(self.compare["dataset"].astype(str))]
+        return explore.filter_records(self.compare, **given)
+
+    def update(self, **changes: Any) -> pd.DataFrame:
+        """Set filters (None, False or "" clears one), reselect, redraw every view."""
+        for key, value in changes.items():
+            if key not in FILTER_KEYS:
+                raise ConfigError(key, f"unknown filter (known: {', '.join(FILTER_KEYS)})")
+            if value in (None, False, "") or (isinstance(value, list | tuple) and not value and key != "dataset"):
+                self.filters.pop(key, None)
+            else:
+                self.filters[key] = value
+        self.selected = self._select()
+        for refresh in self._views:
+            refresh()
+        return self.selected
+
+    def on_update(self, redraw: Callable[[], None]) -> None:
+        """Call redraw after every update (the widgets' figures register here)."""
+        self._views.append(redraw)
+
+    def summary(self) -> plots.Rendered:
+        """How many records the selection holds, per dataset (the data: counts and filters)."""
+        shown = dict(self.filters)
+        if shown.get("search") and self.searched < len(self.records):
+            shown["search"] = f"{shown['search']} (in the first {self.searched:,} selected records)"
+        return plots.selection_view(self.selected, self.records, shown)
+
+    # --- views -------------------------------------------------------------------------------
+
+    def controls(self) -> Any:
+        """The filter controls and a selection summary (static: the summary only)."""
+        if not self.interactive:
+            return self.summary()
+        from workbench import explorer_widgets
+
+        return explorer_widgets.controls(self)
+
+    def scatter(self, x: str = "prompt_tokens", y: str = "completion_tokens", *,
+                title: str | None = None) -> Any:
+        """A sample of the selected records, x against y (points open their record)."""
+        said = title or f"{x.replace('_', ' ').capitalize()} against {y.replace('_', ' ')} (sample)"
+
+        def build() -> go.Figure:
+            sample = explore.sample_records(self.selected, self.sample_size, seed=self.seed)
+            other = self.compared()
+            theirs = None if other is None else explore.sample_records(other, self.sample_size, seed=self.seed)
+            if not self.interactive and theirs is None:
+                return plots.explore_scatter(sample, x=x, y=y, log=self.log, title=said)
+            return plots.scatter_figure(sample, x=x, y=y, log=self.log, title=said, compare=theirs,
+                                        compare_label=self.compare_label)
+
+        return self._figure(build)
+
+    def histogram(self, *, bins: int = 40, title: str = "Completion tokens of the selected records") -> Any:
+        """The selection's completion tokens per dataset (and the compared run's, dashed)."""
+
+        def build() -> go.Figure:
+            other = self.compared()
+            mine = explore.histogram(self.selected, log=self.log, bins=bins, also=other)
+            theirs = None if other is None else explore.histogram(other, log=self.log, bins=bins,
+                                                                   also=self.selected)
+            return plots.histogram_figure(mine, log=self.log, title=title, compare=theirs,
+                                          compare_label=self.compare_label)
+
+        return self._figure(build)
+
+    def _figure(self, build: Callable[[], go.Figure]) -> Any:
+        if not self.interactive:
+            return build()
+        from workbench import explorer_widgets
+
+        return explorer_widgets.figure(self, build)
+
+    def detail(self, dataset: str, line: int) -> explore.RecordDetail:
+        """One record of the run in full."""
+        return explore.record_detail(self.scan, dataset, line, tokenizer=self.tokenizer)
+
+    def open(self, dataset: str, line: int) -> explore.RecordDetail:
+        """Show a record in the record viewer (and return it)."""
+        found = self.detail(dataset, line)
+        if self._viewer is not None:
+            self._viewer.value = plots.record_view(found).html
+        return found
+
+    def record_viewer(self) -> Any:
+        """The record viewer (static: `samples_shown` records of the selection in full)."""
+        if not self.interactive:
+            return plots.samples_view(explore.samples(
+                self.scan, self.selected, n=self.samples_shown, seed=self.seed,
+                tokenizer=self.tokenizer, chars=self.text_chars))
+        from workbench import explorer_widgets
+
+        self._viewer = explorer_widgets.viewer(_HINT)
+        return self._viewer

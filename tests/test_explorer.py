@@ -1,0 +1,153 @@
+"""The explorer: filters, per-record findings, text search, one record in full, the widgets
+bound to one selection (without a browser; tests/test_explore_lab.py drives the real thing),
+and the run's own notebook that `workbench explore` makes."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from conftest import ROOT, workbench
+from test_plots import IM_END, SCRIPT, write_run
+
+from workbench import explore
+from workbench.errors import ConfigError, InputError
+from workbench.explorer import Explorer
+from workbench.lab import explorer_notebook, set_parameters
+from workbench.reports import notebook_parameters
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "out")
+
+
+@pytest.fixture
+def frame(run: Path) -> pd.DataFrame:
+    return explore.record_frame(run)
+
+
+def test_ranges_datasets_reasons_and_sample_ids(frame: pd.DataFrame) -> None:
+    assert len(explore.filter_records(frame, dataset=["a", "b"])) == 9
+    assert len(explore.filter_records(frame, finish_reason=["stop", "length"])) == 9
+    b = explore.filter_records(frame, dataset="b", min_completion_tokens=3, max_completion_tokens=4)
+    assert b["completion_tokens"].tolist() == [3, 4]
+    prompts = explore.filter_records(frame, min_prompt_tokens=200, max_prompt_tokens=400)
+    assert prompts["prompt_tokens"].tolist() == [200, 300, 400]
+    assert explore.filter_records(frame, sample_id="3")["dataset"].tolist() == ["b"]  # ids as text
+    assert explore.filter_records(frame, sample_id=SCRIPT)["line"].tolist() == [4]
+    with pytest.raises(ConfigError, match="rule: filtering by rule needs"):
+        explore.filter_records(frame, rule="truncated")
+
+
+def test_record_findings_and_rule_filter(run: Path, frame: pd.DataFrame) -> None:
+    findings = explore.record_findings(run)
+    rules = set(zip(findings["dataset"], findings["line"], findings["rule"], strict=True))
+    assert ("a", 2, "truncated") in rules and ("a", 3, "reasoning_unclosed") in rules
+    assert not (findings["dataset"] == "b").any()
+    cut = explore.filter_records(frame, rule="truncated", findings=findings)
+    assert cut[["dataset", "line"]].values.tolist() == [["a", 2]]
+    assert explore.filter_records(frame, rule="truncated", dataset="b", findings=findings).empty
+
+
+def test_search_in_replies_with_a_cache_and_a_limit(run: Path, frame: pd.DataFrame) -> None:
+    cache: dict[tuple[str, int], str] = {}
+    found, searched = explore.search_replies(run, frame, "</think>", cache=cache)
+    assert searched == 9 and found[["dataset", "line"]].values.tolist() == [["a", 1], ["a", 4]]
+    assert len(cache) == 9 and cache[("a", 1)] == "1 2 3 </think> 4 5 <end>"
+    found, searched = explore.search_replies(run, frame, "</THINK>", limit=2, cache=cache)
+    assert searched == 2 and found["line"].tolist() == [1]  # case-insensitive, first 2 rows only
+
+
+def test_record_detail_has_prompt_reasoning_answer_and_findings(run: Path) -> None:
+    detail = explore.record_detail(run, "a", 1)
+    assert (detail.prompt, detail.reasoning, detail.answer) == ("1 2", "1 2 3 </think>", "4 5 <end>")
+    assert (detail.finish_reason, detail.matched_stop, detail.completion_tokens) == ("stop", IM_END, 7)
+    assert detail.findings == () and not detail.decoded
+    cut = explore.record_detail(run, "a", 2)
+    assert [rule for rule, _ in cut.findings] == ["truncated"]
+    orphan = explore.record_detail(run, "a", 4)
+    assert orphan.prompt is None and orphan.sample_id == SCRIPT  # no prompt was written for it
+    with pytest.raises(ConfigError, match="no readable record at line 99"):
+        explore.record_detail(run, "a", 99)
+    with pytest.raises(ConfigError, match="unknown dataset 'c'"):
+        explore.record_detail(run, "c", 1)
+
+
+def test_static_explorer_is_the_parameters_selection(run: Path) -> None:
+    app = Explorer(run, interactive=False, filters={"dataset": "a", "finish_reason": "stop"})
+    assert app.selected["line"].tolist() == [1, 3, 4]
+    assert app.controls().data == {"selected": 3, "records": 9,
+                                   "filters": {"dataset": "a", "finish_reason": "stop"}}
+    scatter = app.scatter()
+    assert [b.label for b in scatter.layout.updatemenus[0].buttons] == ["all datasets", "a"]
+    shown = app.record_viewer().data
+    assert [s["line"] for s in shown] == [1, 3, 4]
+    with pytest.raises(ConfigError, match="colour: unknown filter"):
+        Explorer(run, interactive=False, filters={"colour": "red"})
+
+
+def test_widgets_redraw_in_place_and_open_records(run: Path) -> None:
+    app = Explorer(run, interactive=True, compare_run_dir=run)
+    controls, scatter, histogram, viewer = app.controls(), app.scatter(), app.histogram(), app.record_viewer()
+    assert {t.name for t in scatter.data} >= {"a", "b", "a (out)", "b (out)"}
+    datasets = controls.children[0].children[0].children[0]
+    assert datasets.description == "datasets" and datasets.value == ("a", "b")
+    datasets.value = ("b",)  # as a user picks in the list
+    assert app.filters["dataset"] == ["b"] and len(app.selected) == 5
+    assert {t.name for t in scatter.data} == {"b", "b (out)"}
+    assert {t.name for t in histogram.data} == {"b", "b (out)"}
+    assert "5 of 9 records selected" in controls.children[1].value
+    sample_box = controls.children[0].children[1].children[-1]
+    sample_box.value = "2"  # a sample id opens its record
+    assert "b · line 3 · sample 2" in viewer.value and "9 9 9 &lt;end&gt;" in viewer.value
+    assert len(app.selected) == 1
+    sample_box.value = ""
+    point = next(t for t in scatter.data if t.name == "b")
+    index = [c[3] for c in point.customdata].index(1)
+    point._dispatch_on_click(type("Points", (), {"point_inds": [index]})(), None)
+    assert "b · line 1 · sample 0" in viewer.value
+
+
+def test_the_runs_notebook_points_at_the_run_and_the_package_notebook_is_untouched(
+        run: Path, tmp_path: Path) -> None:
+    source = ROOT / "notebooks" / "explore.ipynb"
+    before = source.read_bytes()
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["datasets"]["a"]["tokenizer"] = str(tokenizer)
+    (run / "run.json").write_text(json.dumps(manifest))
+    path, created = explorer_notebook(run)
+    assert created and path == run / "explore.ipynb" and source.read_bytes() == before
+    parameters = notebook_parameters(path)
+    assert parameters["run_dir"][1] == "." and parameters["tokenizer"][1] == str(tokenizer)
+    path.write_text(path.read_text().replace("sample_size = 2000", "sample_size = 7"))
+    assert explorer_notebook(run) == (path, False)  # the user's copy is kept as it is
+    assert notebook_parameters(path)["sample_size"][1] == 7
+    with pytest.raises(InputError, match="not a run directory"):
+        explorer_notebook(tmp_path / "tok")
+
+
+def test_set_parameters_keeps_annotations_and_comments() -> None:
+    cell = 'run_dir = "../x"  # the run\ntokenizer: Optional[str] = None  # ids\nseed = 0'
+    assert set_parameters(cell, {"run_dir": ".", "tokenizer": "/t", "absent": 1}).splitlines() == [
+        'run_dir = "."  # the run', 'tokenizer: Optional[str] = "/t"  # ids', "seed = 0"]
+    nb = nbformat.read(ROOT / "notebooks" / "explore.ipynb", as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells)  # committed with outputs cleared
+
+
+def test_explore_verb_bad_input_is_one_line(run: Path, tmp_path: Path) -> None:
+    missing = workbench("explore", str(tmp_path / "nowhere"), "--no-browser")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith("workbench: error: ") and "nowhere" in missing.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = workbench("explore", str(run), "--no-browser", "--port", str(busy.getsockname()[1]))
+    assert taken.returncode == 2 and "--port: port" in taken.stderr and "in use" in taken.stderr
+    assert not (run / "explore.ipynb").exists()  # nothing written before the port was checked
