@@ -4,6 +4,7 @@ papermill, values read back from the executed notebooks, HTML opened in headless
 from __future__ import annotations
 
 import ast
+import hashlib
 import html
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 import nbformat
 import pytest
+import yaml
 from browser import open_page
 from conftest import EXAMPLES, ROOT, workbench, write_manifest
 
@@ -318,3 +320,62 @@ def test_jupyter_imports_skip_the_iri_grammar_and_still_validate_notebooks() -> 
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "invalid caught", done.stderr
+
+
+# --- reproducible reports --------------------------------------------------------------------
+
+
+def _figures(notebook: Path) -> list[Any]:
+    nb = nbformat.read(notebook, as_version=4)
+    return [out["data"]["application/vnd.plotly.v1+json"] for cell in nb.cells
+            for out in cell.get("outputs", []) if "application/vnd.plotly.v1+json" in out.get("data", {})]
+
+
+def test_report_folder_records_parameters_versions_and_inputs(run: dict[str, Any], reports: dict[str, Any]) -> None:
+    folder = reports["format_validation"].notebook_path.parent
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    assert set(params) == set(notebook_parameters(NOTEBOOKS / "format_validation.ipynb"))
+    assert params["run_dir"] == str(run["out"].resolve()) and params["now"] == run["now"]
+    assert params["tokenizer"] == str(run["tokenizer"].resolve()) and params["excerpt_chars"] == 400
+    manifest = json.loads((folder / "report.json").read_text())
+    assert manifest["report"] == "format_validation" and manifest["versions"]["plotly"]
+    assert {"python", "workbench", "pandas", "papermill"} <= set(manifest["versions"])
+    inputs = {Path(entry["path"]): entry for entry in manifest["inputs"]}
+    raw = (run["out"] / "chat" / "raw_responses.jsonl").resolve()
+    assert inputs[raw]["bytes"] == raw.stat().st_size
+    assert inputs[raw]["sha256"] == hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert (run["out"] / "run.json").resolve() in inputs and (run["tokenizer"] / "tokenizer.json").resolve() in inputs
+    explore_params = yaml.safe_load((reports["explore"].notebook_path.parent / "params.yaml").read_text())
+    assert explore_params["interactive"] is False  # a report is static
+
+
+def test_rerun_reproduces_the_figures_of_an_unchanged_run(reports: dict[str, Any], tmp_path: Path) -> None:
+    first = reports["token_distribution"]
+    again = workbench("report", "--rerun", str(first.notebook_path.parent), "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert "inputs unchanged since" in again.stdout
+    executed = Path(again.stdout.strip().splitlines()[-1]).with_suffix(".ipynb")
+    assert executed.parent.parent == tmp_path and executed.is_file()
+    assert _figures(executed) == _figures(first.notebook_path) and len(_figures(executed)) == FIGURES["token_distribution"]
+    assert cell_data(executed, "summary") == cell_data(first.notebook_path, "summary")
+
+
+def test_rerun_says_which_inputs_changed(tmp_path: Path) -> None:
+    from workbench import provenance
+
+    same, grown, edited, gone = (tmp_path / f"{n}.jsonl" for n in ("same", "grown", "edited", "gone"))
+    for path in (same, grown, edited, gone):
+        path.write_text('{"a": 1}\n')
+    files = [("run_dir", p) for p in (same, grown, edited, gone)]
+    provenance.write_manifest(tmp_path, "r", same, files, 0.0)
+    grown.write_text('{"a": 1}\n{"a": 2}\n')
+    edited.write_text('{"a": 3}\n')
+    gone.unlink()
+    new = tmp_path / "new.jsonl"
+    new.write_text("{}\n")
+    manifest = provenance.read_manifest(tmp_path)
+    changes = {Path(c.path).stem: c.state for c in provenance.compare_inputs(manifest, [*files, ("run_dir", new)])}
+    assert changes == {"same": "unchanged", "grown": "grew", "edited": "changed", "gone": "missing", "new": "new"}
+    missing = workbench("report", "--rerun", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "not a report folder" in missing.stderr
+    assert missing.stderr.count("\n") == 1

@@ -459,23 +459,31 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("report", help="execute a report notebook into an HTML report",
                        description="Execute the report notebook NAME with papermill and export it "
                                    "to HTML (code hidden, plotly.js inlined: opens offline).")
-    p.add_argument("name", metavar="NAME",
+    p.add_argument("name", metavar="NAME", nargs="?",
                    help="token_distribution, format_validation, throughput_tuning or explore "
                         "(./notebooks/NAME.ipynb when it exists, else the packaged one)")
+    p.add_argument("--rerun", type=Path, metavar="REPORT_DIR",
+                   help="run a report folder's notebook again with its params.yaml (into a new "
+                        "folder beside it, or --out) and say whether its inputs changed since")
     p.add_argument("--params", type=Path,
                    help="parameter file (YAML; default ./params/NAME.yaml when it exists, else "
                         "the packaged demo parameters of NAME)")
     p.add_argument("-p", "--param", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override one parameter (a YAML scalar); repeatable")
-    p.add_argument("--out", type=Path, default=Path("outputs/reports"),
+    p.add_argument("--out", type=Path,
                    help="folder for NAME-<timestamp>/ and the NAME-latest link (outputs/reports)")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from workbench.errors import InputError, ReportError
-    from workbench.reports import default_params, parse_overrides, run_report
+    from workbench.errors import ConfigError, InputError, ReportError
+    from workbench.reports import DEFAULT_OUT, default_params, parse_overrides, run_report
 
+    if (args.rerun is None) == (args.name is None):
+        raise ConfigError("NAME", "give a report NAME, or --rerun REPORT_DIR (not both)")
+    if args.rerun is not None:
+        return _rerun_report(args)
+    args.out = args.out or DEFAULT_OUT
     params = args.params if args.params is not None else default_params(Path(args.name).stem)
     if args.params is None and params is not None:
         print(f"parameters: {params}", file=sys.stderr, flush=True)
@@ -494,6 +502,29 @@ def _cmd_report(args: argparse.Namespace) -> int:
     took = result.seconds
     print(f"report time: {took['total']:.1f}s (notebook {took['notebook']:.1f}s, "
           f"HTML {took['html']:.1f}s)", file=sys.stderr)
+    return 0
+
+
+def _rerun_report(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError, ReportError
+    from workbench.reports import rerun_report
+
+    if args.params is not None or args.overrides:
+        raise ConfigError("--rerun", "takes the report's own params.yaml: no --params or -p")
+    try:
+        result, changes = rerun_report(args.rerun, args.out)
+    except ReportError as exc:
+        _err(str(exc))
+        return 1
+    changed = [c for c in changes if c.state != "unchanged"]
+    if changed:
+        print(f"inputs changed since {args.rerun}:")
+        for change in changed:
+            print(f"  {change.line()}")
+    else:
+        print(f"inputs unchanged since {args.rerun} ({len(changes)} files)")
+    print(f"executed notebook: {result.notebook_path}")
+    print(result.html_path)
     return 0
 
 

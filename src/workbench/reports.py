@@ -64,6 +64,7 @@ __all__ = [
     "notebook_path",
     "notebooks_dir",
     "parse_overrides",
+    "rerun_report",
     "run_report",
 ]
 
@@ -461,18 +462,23 @@ def run_report(
     or bad parameters and InputError for a `run_dir` that is not a run (both before any
     kernel starts or anything is written), ReportError when a cell fails.
     """
+    from workbench import provenance
+
     notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
-    if "interactive" in notebook_parameters(notebook):
-        parameters.setdefault("interactive", False)  # a report is static: no widgets
     if parameters.get("run_dir") is not None:
         from workbench.stats import check_run_dir
 
         check_run_dir(parameters["run_dir"])
-    started = time.perf_counter()
-    folder = _report_folder(Path(out_dir), name, time.time())
+    started, wall = time.perf_counter(), time.time()
+    parameters = _complete(notebook, parameters, wall)
+    folder = _report_folder(Path(out_dir), name, wall)
+    provenance.write_parameters(folder, parameters, name)
+    provenance.write_manifest(folder, name, notebook.resolve(),
+                              provenance.input_files(parameters, PATH_PARAMETERS), wall)
     executed = folder / f"{name}.ipynb"
     _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
+    provenance.finish_manifest(folder)
     ran = time.perf_counter()
     title = name.replace("_", " ").capitalize()
     html_path = export_html(executed, folder / f"{name}.html", title)
@@ -480,6 +486,41 @@ def run_report(
     done = time.perf_counter()
     seconds = {"notebook": ran - started, "html": done - ran, "total": done - started}
     return ReportResult(name, html_path.resolve(), executed.resolve(), parameters, seconds)
+
+
+def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[str, Any]:
+    """Every parameter of the notebook as the report runs it: its defaults (path ones made
+    absolute against the notebook's folder, where its kernel runs) under the given values;
+    ``interactive`` off (a report is static); ``now`` pinned to the start when unset, so
+    that running the same parameters again reproduces the report's numbers."""
+    declared = notebook_parameters(notebook)
+    defaults = _resolved({key: default for key, (_, default) in declared.items()}, notebook.resolve().parent)
+    values = {**defaults, **given}
+    if "interactive" in declared and "interactive" not in given:
+        values["interactive"] = False
+    if "now" in declared and values.get("now") is None:
+        values["now"] = started
+    return values
+
+
+def rerun_report(
+    report_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None
+) -> tuple[ReportResult, list[Any]]:
+    """Run a report folder's executed notebook again with its params.yaml, into a new folder
+    beside it (or in `out_dir`); also returns its inputs compared with the recorded ones
+    (:class:`workbench.provenance.InputChange`, compared before running)."""
+    from workbench import provenance
+
+    folder = Path(report_dir)
+    manifest = provenance.read_manifest(folder)
+    name = str(manifest["report"])
+    params = folder / provenance.PARAMS
+    notebook = _notebook_path(name, folder)
+    now = provenance.input_files(load_parameters(notebook, params), PATH_PARAMETERS)
+    changes = provenance.compare_inputs(manifest, now)
+    result = run_report(name, params, None, out_dir if out_dir is not None else folder.parent,
+                        notebooks=folder)
+    return result, changes
 
 
 def demo_reports(

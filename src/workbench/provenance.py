@@ -1,0 +1,193 @@
+"""What a report was made from, so that it can be made again and compared.
+
+A report folder holds, next to the executed notebook and its HTML:
+
+    params.yaml    every parameter of the notebook as it ran (defaults filled in, paths
+                   absolute, ``now`` pinned): ``workbench report NAME --params params.yaml``
+                   runs it again
+    report.json    the report's name and time, the notebook's digest, Python and package
+                   versions, and each input file read: its path, byte length and sha256
+                   (``bytes_after`` too when it grew while the report ran)
+
+Input files are those of the path parameters: a run directory's ``run.json`` and each
+dataset's ``raw_responses.jsonl``, ``prompts.jsonl`` and ``errors.jsonl``; every file of a
+tokenizer or sweep folder; a parameter file. :func:`compare_inputs` tells, per input,
+whether it is unchanged, grew (its first recorded bytes unchanged), changed, missing or new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.errors import ConfigError
+from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE
+
+__all__ = [
+    "MANIFEST",
+    "PARAMS",
+    "InputChange",
+    "compare_inputs",
+    "digest",
+    "input_files",
+    "package_versions",
+    "read_manifest",
+    "write_manifest",
+    "write_parameters",
+]
+
+PARAMS = "params.yaml"
+MANIFEST = "report.json"
+PACKAGES = ("workbench", "numpy", "pandas", "pyarrow", "msgspec", "plotly", "papermill", "nbconvert",
+            "nbformat", "ipykernel", "jupyterlab", "ipywidgets", "anywidget", "transformers", "tokenizers")
+_RUN_FILES = (RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
+_CHUNK = 1 << 20
+
+
+def digest(path: Path, length: int | None = None) -> tuple[int, str]:
+    """(bytes read, sha256 hex) of the file's first `length` bytes (all of it by default)."""
+    sha, read = hashlib.sha256(), 0
+    with path.open("rb") as file:
+        while length is None or read < length:
+            chunk = file.read(_CHUNK if length is None else min(_CHUNK, length - read))
+            if not chunk:
+                break
+            sha.update(chunk)
+            read += len(chunk)
+    return read, sha.hexdigest()
+
+
+def _run_files(root: Path) -> Iterator[Path]:
+    yield root / MANIFEST_FILE
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        for name in _RUN_FILES:
+            if (folder / name).is_file():
+                yield folder / name
+
+
+def _files_of(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+    elif (path / MANIFEST_FILE).is_file() or any((p / RAW_FILE).is_file() for p in path.iterdir()):
+        yield from (p for p in _run_files(path) if p.is_file())
+    else:
+        yield from sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def input_files(parameters: Mapping[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """(parameter, file) for every file the path parameters `keys` name (see above)."""
+    found: list[tuple[str, Path]] = []
+    for key in keys:
+        value = parameters.get(key)
+        if isinstance(value, str) and value and Path(value).exists():
+            found.extend((key, file.resolve()) for file in _files_of(Path(value)))
+    return found
+
+
+def package_versions() -> dict[str, str]:
+    """Python's version and each installed package of PACKAGES with its version."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def write_parameters(folder: Path, parameters: Mapping[str, Any], name: str) -> Path:
+    """params.yaml: the parameters, with a header saying how to pass them back."""
+    path = folder / PARAMS
+    header = (f"# Parameters of this {name} report, as it ran (defaults included, paths absolute).\n"
+              f"# workbench report {name} --params {path}   or   workbench report --rerun {folder}\n")
+    path.write_text(header + yaml.safe_dump(dict(parameters), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    rows = []
+    for key, path in files:
+        size, sha = digest(path)
+        rows.append({"parameter": key, "path": str(path), "bytes": size, "sha256": sha})
+    return rows
+
+
+def write_manifest(folder: Path, name: str, notebook: Path, files: list[tuple[str, Path]],
+                   started: float) -> list[dict[str, Any]]:
+    """report.json, its inputs digested now; returns the inputs (for :func:`finish_manifest`)."""
+    inputs = _inputs(files)
+    manifest = {"report": name, "started": started, "notebook": {"path": str(notebook),
+                "sha256": digest(notebook)[1]}, "versions": package_versions(), "inputs": inputs}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return inputs
+
+
+def finish_manifest(folder: Path) -> None:
+    """Add the finishing time, and ``bytes_after`` to each input that grew meanwhile."""
+    manifest = read_manifest(folder)
+    for entry in manifest["inputs"]:
+        path = Path(entry["path"])
+        size = path.stat().st_size if path.exists() else 0
+        if size != entry["bytes"]:
+            entry["bytes_after"] = size
+    manifest["finished"] = time.time()
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """A report folder's report.json (ConfigError when the folder holds none)."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("--rerun", f"{folder}: not a report folder (no {MANIFEST})") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError("--rerun", f"{path}: unreadable: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("inputs"), list):
+        raise ConfigError("--rerun", f"{path}: not a report manifest")
+    return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class InputChange:
+    """One input compared with its record: unchanged, grew, changed, missing or new."""
+
+    path: str
+    state: str
+    was: int | None
+    now: int | None
+
+    def line(self) -> str:
+        sizes = {"grew": f" ({self.was:,} -> {self.now:,} bytes; the first {self.was:,} unchanged)",
+                 "changed": f" ({self.was:,} -> {self.now:,} bytes)", "new": f" ({self.now:,} bytes)"}
+        return f"{self.state}: {self.path}{sizes.get(self.state, '')}"
+
+
+def _compared(entry: Mapping[str, Any]) -> InputChange:
+    path, was = Path(entry["path"]), int(entry["bytes"])
+    if not path.is_file():
+        return InputChange(str(path), "missing", was, None)
+    size = path.stat().st_size
+    read, sha = digest(path, was)
+    if read == was and sha == entry["sha256"]:
+        return InputChange(str(path), "unchanged" if size == was else "grew", was, size)
+    return InputChange(str(path), "changed", was, size)
+
+
+def compare_inputs(manifest: Mapping[str, Any], now: list[tuple[str, Path]]) -> list[InputChange]:
+    """Each recorded input against the file as it is, then the files read now that were
+    not read then (`now`: :func:`input_files` of the same parameters)."""
+    changes = [_compared(entry) for entry in manifest["inputs"]]
+    recorded = {entry["path"] for entry in manifest["inputs"]}
+    changes += [InputChange(str(path), "new", None, path.stat().st_size)
+                for _, path in now if str(path) not in recorded]
+    return changes
