@@ -104,6 +104,13 @@ def _clicked(app: Explorer) -> Callable[[Any, Any, Any], None]:
     return opened
 
 
+def _layout(fig: go.Figure) -> dict[str, Any]:
+    """A figure's layout without its template (the same for every figure)."""
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    return layout
+
+
 def figure(app: Explorer, build: Callable[[], go.Figure]) -> go.FigureWidget:
     """A FigureWidget redrawn in place (same widget, new traces) whenever app's selection
     changes; clicking a point opens its record."""
@@ -120,7 +127,8 @@ def figure(app: Explorer, build: Callable[[], go.Figure]) -> go.FigureWidget:
         with widget.batch_update():
             widget.data = ()
             widget.add_traces(list(fresh.data))
-            widget.layout = fresh.layout
+            if _layout(fresh) != _layout(widget):  # mostly the same: skip the costly check
+                widget.layout = fresh.layout
         bind()
 
     bind()

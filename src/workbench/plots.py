@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -481,7 +482,7 @@ def _split_markers(g: pd.DataFrame, mask: pd.Series, *, name: str, color: str, s
             continue
         rows = g[points]
         traces.append(go.Scatter(
-            x=rows[x], y=rows[y], name=name, legendgroup=name, showlegend=part == "circle",
+            x=_values(rows[x]), y=_values(rows[y]), name=name, legendgroup=name, showlegend=part == "circle",
             mode="markers", marker={"color": color, "symbol": part, "size": 6, "opacity": 0.7},
             customdata=custom(rows), hovertemplate=hover))
     return traces
@@ -561,10 +562,18 @@ def _hover_ids(values: Iterable[object]) -> list[str]:
     return [html.escape(str(v)) for v in values]
 
 
-def _scatter_custom(rows: pd.DataFrame) -> list[list[Any]]:
-    """Per point: sample id (escaped), finish reason, dataset, line (the record's address)."""
-    return [list(v) for v in zip(_hover_ids(rows["sample_id"]), rows["finish_reason"].astype(str),
-                                 rows["dataset"].astype(str), rows["line"].astype(int), strict=True)]
+def _scatter_custom(rows: pd.DataFrame) -> np.ndarray:
+    """Per point, as text: sample id (escaped), finish reason, dataset, line (the record's
+    address). One string array: plotly takes it whole and copies it as one block, where
+    nested lists are checked and copied item by item."""
+    columns = [_hover_ids(rows["sample_id"]), rows["finish_reason"].astype(str).to_numpy(),
+               rows["dataset"].astype(str).to_numpy(), rows["line"].to_numpy(dtype="int64")]
+    return np.column_stack([np.asarray(c, dtype=str) for c in columns]) if len(rows) else np.empty((0, 4), str)
+
+
+def _values(column: pd.Series) -> np.ndarray:
+    """A count column as floats (NA as NaN, which plotly leaves out)."""
+    return column.astype("Float64").to_numpy(dtype="float64", na_value=np.nan)
 
 
 def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y: str,
@@ -573,7 +582,7 @@ def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y:
     for name, g in _present(compare):
         shown = f"{name} ({label})"
         traces.append(go.Scatter(
-            x=g[x], y=g[y], name=shown, legendgroup=shown, mode="markers",
+            x=_values(g[x]), y=_values(g[y]), name=shown, legendgroup=shown, mode="markers",
             marker={"color": _compare_color(colors, name), "symbol": "circle-open", "size": 6, "opacity": 0.5},
             customdata=_scatter_custom(g), hovertemplate="sample %{customdata[0]}<br>" + x + " %{x:,} · "
             + y + " %{y:,}<br>finish %{customdata[1]}<extra>" + html.escape(shown) + "</extra>"))
