@@ -49,5 +49,18 @@ def write_manifest(folder: Path, datasets: list[dict[str, Any]], **top: Any) -> 
     return path
 
 
+def generate_run(base: Path, datasets: list[dict[str, Any]]) -> Path:
+    """BASE/out: the datasets generated on a simulator (fast profile, seed 0) that is then stopped."""
+    manifest = write_manifest(base, datasets)
+    server = start_simulator(base / "sim.log", {"profile": "fast", "random_seed": 0})
+    try:
+        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
+                         "--out", str(base / "out"), "--progress-interval", "30")
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    return base / "out"
+
+
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]

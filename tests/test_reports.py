@@ -19,9 +19,8 @@ import nbformat
 import pytest
 import yaml
 from browser import open_page
-from conftest import EXAMPLES, ROOT, workbench, write_manifest
+from conftest import EXAMPLES, ROOT, generate_run, workbench
 
-from workbench.demo import start_simulator
 from workbench.errors import ConfigError, ReportError
 from workbench.explore import filter_records, record_frame
 from workbench.records import Record, encode_line
@@ -77,19 +76,12 @@ def _plant(raw: Path) -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A small simulator run (two datasets) with planted problems, and a tokenizer."""
     base = tmp_path_factory.mktemp("report-run")
-    manifest = write_manifest(base, [
+    generate_run(base, [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
          "max_samples": 60, "chat_template_kwargs": {"thinking": True}},
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids",
          "max_samples": 60, "max_tokens": 6000},
     ])
-    server = start_simulator(base / "sim.log", {"profile": "fast", "random_seed": 0})
-    try:
-        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
-                         "--out", str(base / "out"), "--progress-interval", "30")
-    finally:
-        server.stop()
-    assert done.returncode == 0, done.stderr
     _plant(base / "out" / "chat" / "raw_responses.jsonl")
     return {"out": base / "out", "tokenizer": _tokenizer(base / "tokenizer"), "now": time.time(),
             "base": base}
