@@ -151,3 +151,9 @@ def test_explore_verb_bad_input_is_one_line(run: Path, tmp_path: Path) -> None:
         taken = workbench("explore", str(run), "--no-browser", "--port", str(busy.getsockname()[1]))
     assert taken.returncode == 2 and "--port: port" in taken.stderr and "in use" in taken.stderr
     assert not (run / "explore.ipynb").exists()  # nothing written before the port was checked
+
+
+def test_sample_id_zero_and_cleared_filters(run: Path) -> None:
+    app = Explorer(run, interactive=False, filters={"sample_id": 0, "dataset": "a", "unclosed": False})
+    assert app.filters == {"sample_id": 0, "dataset": "a"} and app.selected["line"].tolist() == [1]
+    assert len(app.update(sample_id=None, dataset=[])) == 9 and app.filters == {}

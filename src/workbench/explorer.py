@@ -41,6 +41,11 @@ FILTER_KEYS = ("dataset", "finish_reason", "truncated", "min_completion_tokens",
 _HINT = "Click a point in a figure, or enter a sample id above, to open a record here."
 
 
+def _unset(value: object) -> bool:
+    """A filter value that filters nothing (0 is a value: a sample id, a bound)."""
+    return value is None or value is False or value == "" or (isinstance(value, list | tuple) and not value)
+
+
 class Explorer:
     """One run's records (and optionally a second run's, laid over them) and a selection."""
 
@@ -74,7 +79,7 @@ class Explorer:
         self.tokenizer, self.interactive = tokenizer, interactive
         self.sample_size, self.samples_shown, self.text_chars = sample_size, samples_shown, text_chars
         self.search_limit, self.seed, self.log = search_limit, seed, log
-        self.filters: dict[str, Any] = {k: v for k, v in (filters or {}).items() if v not in (None, False, "")}
+        self.filters: dict[str, Any] = {k: v for k, v in (filters or {}).items() if not _unset(v)}
         self._texts: dict[tuple[str, int], str] = {}
         self._views: list[Callable[[], None]] = []  # redraws, called after every update
         self._viewer: Any = None
@@ -108,11 +113,11 @@ class Explorer:
         return explore.filter_records(self.compare, **given)
 
     def update(self, **changes: Any) -> pd.DataFrame:
-        """Set filters (None, False or "" clears one), reselect, redraw every view."""
+        """Set filters (None, False, "" or an empty list clears one), reselect, redraw every view."""
         for key, value in changes.items():
             if key not in FILTER_KEYS:
                 raise ConfigError(key, f"unknown filter (known: {', '.join(FILTER_KEYS)})")
-            if value in (None, False, "") or (isinstance(value, list | tuple) and not value and key != "dataset"):
+            if _unset(value):
                 self.filters.pop(key, None)
             else:
                 self.filters[key] = value
