@@ -934,12 +934,14 @@ def _manifest_tokenizer(run: RunInfo, names: Sequence[str]) -> str | None:
 
 
 def _dataset_facts(source: _Source) -> dict[str, Any]:
-    """What the generation of one dataset used: template arguments, tools, sampling."""
+    """What the generation of one dataset used: input mode, source, template arguments,
+    sampling (the prompts are rendered without a `tools` argument: tool schemas travel in
+    the messages)."""
     settings = source.ds.settings
     return {"rows": source.stats.written, "dropped": dict(source.stats.dropped),
             "input": settings.get("input"), "source": settings.get("path"),
             "chat_template_kwargs": source.ds.chat_template_kwargs,
-            "tools": settings.get("tools"), "sampling": settings.get("sampling")}
+            "sampling": settings.get("sampling")}
 
 
 def _check_target_outside(target: Path, run: RunInfo) -> None:

@@ -5,7 +5,7 @@ are and keep nothing else of a row (an `id` column is dropped), so a `--for` exp
 exactly those two fields and puts the rest in a manifest beside the file
 (`<file>.manifest.json`): per row its dataset/sample_id, prompt and total length and a digest
 of its ids (the way back from a row a trainer shuffled), per dataset the generation's chat
-template arguments, tools and sampling parameters, the model, and the token-length
+template arguments and sampling parameters, the model, and the token-length
 distribution. Rows longer than the trainer's `max_length` are cut to it; a cut row whose prompt
 alone fills `max_length` has no supervised token left, and both trainers drop it silently.
 
