@@ -218,3 +218,26 @@ def test_stats_read_only_what_follows_a_cached_scan(
     offsets.clear()
     assert collect_stats(run, now=NOW).to_dict() == from_cache
     assert ("a", 0) in offsets
+
+
+def test_rows_are_read_back_from_their_own_blocks(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_module, "SCAN_BLOCK_BYTES", 600)
+    monkeypatch.setattr(explore, "SCAN_BLOCK_BYTES", 600)
+    scan = scan_run(run, cache=False)
+    index = scan.files["a"]
+    lines = {index.columns.line[1], index.columns.line[-1]}
+    blocks_read: list[int] = []
+    iter_blocks = explore.iter_blocks
+
+    def recording(path: Path, **kwargs: Any) -> Any:
+        for block in iter_blocks(path, **kwargs):
+            blocks_read.append(block.start_offset)
+            yield block
+
+    monkeypatch.setattr(explore, "iter_blocks", recording)
+    rows = explore._rows_at(run / "a" / "raw_responses.jsonl", lines, index)
+    assert sorted(rows) == sorted(lines)
+    assert all(rows[line].output_ids is not None for line in lines)
+    assert len(index.blocks) > 20 and len(blocks_read) <= 4

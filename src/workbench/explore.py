@@ -444,10 +444,9 @@ def _rows_at(path: Path, lines: set[int], index: FileScan | None = None) -> dict
     if not lines or not path.is_file():
         return found
     starts = {index.block_at(line) if index else (0, 1) for line in lines}
-    for offset, first in sorted(starts):
+    for offset, first in sorted(starts, reverse=True):  # each block reads only its own lines
         wanted = {line for line in lines if line >= first and line not in found}
-        if wanted:
-            found.update(_rows_from(path, offset, first, wanted))
+        found.update(_rows_from(path, offset, first, wanted))
     return found
 
 
