@@ -235,6 +235,8 @@ async def test_stream_first_chunk_has_one_token_and_latency_is_final(
     assert all("e2e_latency" not in one["meta_info"] for one in parts[:-1])
     assert "e2e_latency" in parts[-1]["meta_info"]
     assert parts[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 30}
+    assert all(parts[-1]["text"].startswith(one["text"]) for one in parts)
+    assert len({one["text"] for one in parts}) == len(parts)
 
 
 @pytest.mark.anyio

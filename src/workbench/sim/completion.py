@@ -29,7 +29,14 @@ from workbench.profiles import ModelProfile
 from workbench.sim.outputs import PlannedOutput, render_text
 from workbench.sim.sampling import Sampling
 
-__all__ = ["Completion", "complete", "logprob_fields", "reasoning_tokens", "reply_text"]
+__all__ = [
+    "Completion",
+    "complete",
+    "extend_text",
+    "logprob_fields",
+    "reasoning_length",
+    "reply_text",
+]
 
 FILLER_SALT = 0x5EED
 
@@ -110,16 +117,28 @@ def _first_stop_string(
     return None
 
 
+def _visible(ids: list[int], sampling: Sampling, model: ModelProfile) -> list[int]:
+    if not sampling.skip_special_tokens:
+        return ids
+    special = _special_ids(model)
+    return [token for token in ids if token not in special]
+
+
+def extend_text(text: str, new_ids: list[int], sampling: Sampling, model: ModelProfile) -> str:
+    """`text` (the rendering of earlier ids) followed by the rendering of `new_ids`: the
+    decoded text of a running request grows by its new tokens only (rendered tokens are
+    joined by spaces), so a stream costs O(new tokens) per chunk, not O(all tokens)."""
+    added = render_text(_visible(new_ids, sampling, model), model)
+    return f"{text} {added}" if text and added else text or added
+
+
 def reply_text(
     ids: list[int], matched: int | str | None, sampling: Sampling, model: ModelProfile
 ) -> str:
     """The reply's text: special ids skipped, a matched stop trimmed (detokenizer_manager)."""
     if isinstance(matched, int) and not sampling.no_stop_trim and ids:
         ids = ids[:-1]
-    if sampling.skip_special_tokens:
-        special = _special_ids(model)
-        ids = [token for token in ids if token not in special]
-    text = render_text(ids, model)
+    text = render_text(_visible(ids, sampling, model), model)
     if isinstance(matched, str):
         position = text.find(matched)
         if position >= 0:
@@ -127,10 +146,11 @@ def reply_text(
     return text
 
 
-def reasoning_tokens(ids: list[int], model: ModelProfile) -> int:
-    """Tokens up to and including the think-end id (0 before it appears), as SGLang counts."""
+def reasoning_length(ids: list[int], model: ModelProfile) -> int | None:
+    """Tokens up to and including the think-end id, as SGLang counts `reasoning_tokens`
+    (None when the output never closes its reasoning)."""
     if model.think_end is None or model.think_end not in ids:
-        return 0
+        return None
     return ids.index(model.think_end) + 1
 
 

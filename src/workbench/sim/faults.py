@@ -3,7 +3,8 @@
 One seeded draw per request, in arrival order, picks at most one fault:
 `error` answers HTTP 500 or 503 with SGLang's JSON error body, `drop` closes the connection
 without a reply, `hang` never answers (until the client leaves or an hour passes), and `abort`
-answers 200 with `finish_reason.type == "abort"`.
+aborts as SGLang does: HTTP 503 with its error body, or, streamed, a final chunk whose
+`finish_reason.type` is "abort".
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workbench.profiles import ModelProfile
-from workbench.sim.completion import logprob_fields, reasoning_tokens, reply_text
+from workbench.sim.completion import extend_text, logprob_fields, reply_text
 from workbench.sim.protocol import abort_reason
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -
     }
     if job.item.logprob is not None:
         meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model))
-    meta["reasoning_tokens"] = reasoning_tokens(ids, options.model)
+    reasoning = job.reasoning_length
+    meta["reasoning_tokens"] = reasoning if reasoning and reasoning <= len(ids) else 0
     meta["completion_tokens"] = len(ids)
     meta["cached_tokens"] = request.cached_tokens
     if options.hierarchical_cache:
@@ -83,9 +84,20 @@ def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -
         meta["e2e_latency"] = e2e_latency
         if options.enable_metrics:
             meta.update(_final_times(job, e2e_latency))
-    matched = job.completion.matched if finish and finish["type"] == "stop" else None
-    text = reply_text(ids, matched, job.item.sampling, options.model)
-    return {"text": text, "output_ids": ids, "meta_info": meta}
+    return {"text": _text(job, ids, finish, options), "output_ids": ids, "meta_info": meta}
+
+
+def _text(job: Job, ids: list[int], finish: dict[str, Any] | None, options: ReplyOptions) -> str:
+    """The final text exactly (stop trimmed); a running request's text grown chunk by chunk."""
+    sampling = job.item.sampling
+    if finish is not None:
+        matched = job.completion.matched if finish["type"] == "stop" else None
+        return reply_text(ids, matched, sampling, options.model)
+    rendered, text = job.text
+    if rendered < len(ids):
+        text = extend_text(text, ids[rendered:], sampling, options.model)
+        job.text = (len(ids), text)
+    return text
 
 
 def _scheduler_times(job: Job) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import msgspec
 
 from workbench.profiles import get_profile
 from workbench.sim.cache import block_hashes
-from workbench.sim.completion import Completion, complete
+from workbench.sim.completion import Completion, complete, reasoning_length
 from workbench.sim.config import SimConfig
 from workbench.sim.engine import Engine, EngineLoop, Request
 from workbench.sim.faults import FaultPlan
@@ -39,7 +39,7 @@ CLIENT_GONE_MESSAGE = "Abort request: the client disconnected"
 class Job:
     """One sequence of a /generate call: what it asked, its output, its engine request."""
 
-    __slots__ = ("completion", "engine", "item", "rank", "request")
+    __slots__ = ("completion", "engine", "item", "rank", "reasoning_length", "request", "text")
 
     def __init__(
         self,
@@ -54,6 +54,8 @@ class Job:
         self.request = request
         self.engine = engine
         self.rank = rank
+        self.text = (0, "")  # (ids rendered, their text) of a running request
+        self.reasoning_length: int | None = None
 
 
 class SimServer:
@@ -155,7 +157,9 @@ class SimServer:
         )
         rank, loop = next(self._ranks)
         loop.submit(request)
-        return Job(item, completion, request, loop.engine, rank)
+        job = Job(item, completion, request, loop.engine, rank)
+        job.reasoning_length = reasoning_length(completion.output_ids, self.model)
+        return job
 
     def cancel(self, job: Job) -> None:
         """Abort a job whose client went away."""
