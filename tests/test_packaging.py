@@ -17,7 +17,7 @@ from workbench.reports import (
     load_parameters,
     notebooks_dir,
 )
-from workbench.resources import data_dir, data_file, report_names
+from workbench.resources import data_dir, report_names
 
 
 def test_carried_folders_hold_the_repositorys_files() -> None:
@@ -26,8 +26,6 @@ def test_carried_folders_hold_the_repositorys_files() -> None:
         in_repo = sorted(p.relative_to(ROOT / kind) for p in (ROOT / kind).rglob("*") if p.is_file())
         assert carried == in_repo
     assert set(REPORTS) <= set(report_names())
-    with pytest.raises(Exception, match=r"params/nope.yaml: not among the packaged files \(known: "):
-        data_file("params", "nope.yaml")
 
 
 def test_report_defaults_to_the_packaged_demo_parameters(

@@ -14,9 +14,9 @@ import importlib.resources
 from pathlib import Path
 from typing import Literal
 
-from workbench.errors import ConfigError, InputError
+from workbench.errors import InputError
 
-__all__ = ["DataKind", "data_dir", "data_file", "data_root", "report_names"]
+__all__ = ["DataKind", "data_dir", "data_root", "report_names"]
 
 DataKind = Literal["notebooks", "params", "examples"]
 
@@ -36,15 +36,6 @@ def data_root() -> Path:
 def data_dir(kind: DataKind) -> Path:
     """One of the carried folders."""
     return data_root() / kind
-
-
-def data_file(kind: DataKind, name: str) -> Path:
-    """A carried file; ConfigError naming it (and the known ones) when it does not exist."""
-    path = data_dir(kind) / name
-    if not path.is_file():
-        known = ", ".join(sorted(p.name for p in data_dir(kind).iterdir() if p.is_file()))
-        raise ConfigError("", f"{kind}/{name}: not among the packaged files (known: {known})")
-    return path
 
 
 def report_names() -> list[str]:
