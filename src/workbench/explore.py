@@ -651,13 +651,19 @@ def _check_datasets(frame: pd.DataFrame, wanted: list[str]) -> None:
         raise ConfigError("dataset", f"unknown dataset {unknown[0]!r} (known: {known})")
 
 
-def _with_rule(frame: pd.DataFrame, rule: str, findings: pd.DataFrame | None) -> pd.Series:
+def _record_keys(datasets: pd.Series, lines: pd.Series, names: list[str]) -> np.ndarray:
+    """One int64 per (dataset, line): the dataset's position in names, then the line."""
+    codes = pd.Categorical(datasets.astype(str), categories=names).codes.astype("int64")
+    return (codes << 32) | lines.to_numpy(dtype="int64")
+
+
+def _with_rule(frame: pd.DataFrame, rule: str, findings: pd.DataFrame | None) -> np.ndarray:
     if findings is None:
         raise ConfigError("rule", "filtering by rule needs the records' findings (record_findings)")
-    hits = findings.loc[findings["rule"] == rule, ["dataset", "line"]]
-    keys = set(zip(hits["dataset"].astype(str), hits["line"], strict=True))
-    pairs = zip(frame["dataset"].astype(str), frame["line"], strict=True)
-    return pd.Series([pair in keys for pair in pairs], index=frame.index, dtype=bool)
+    hits = findings[findings["rule"] == rule]
+    names = _names(frame)
+    return np.isin(_record_keys(frame["dataset"], frame["line"], names),
+                   _record_keys(hits["dataset"], hits["line"], names))
 
 
 def filter_records(
@@ -684,7 +690,7 @@ def filter_records(
     datasets, reasons = _one_or_many(dataset), _one_or_many(finish_reason)
     if datasets is not None:
         _check_datasets(frame, datasets)
-        keep &= frame["dataset"].astype(str).isin(datasets).to_numpy()
+        keep &= frame["dataset"].isin(datasets).to_numpy()
     if reasons is not None:
         keep &= frame["finish_reason"].isin(reasons).fillna(False).astype(bool)
     if truncated:
@@ -696,7 +702,7 @@ def filter_records(
     if sample_id is not None and str(sample_id) != "":
         keep &= frame["sample_id"].map(str) == str(sample_id)
     if rule is not None:
-        keep &= _with_rule(frame[keep], rule, findings).reindex(frame.index, fill_value=False)
+        keep &= _with_rule(frame, rule, findings)
     return frame[keep]
 
 
