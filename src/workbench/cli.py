@@ -137,7 +137,8 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="start over (existing outputs are moved aside, never deleted)")
     p.add_argument("--force", action="store_true",
                    help="resume even though the model or sampling parameters changed")
-    p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--progress-interval", type=_positive_float,
+                   help="seconds between progress lines (5), or bar updates on a terminal (1)")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after Ctrl-C (30)")
     p.add_argument("--request-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
@@ -149,6 +150,13 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_cmd_generate)
 
 
+def _progress_interval(given: float | None) -> float:
+    """Seconds between progress updates: as given, else 1 for bars on a terminal, 5 for lines."""
+    if given is not None:
+        return given
+    return 1.0 if sys.stdout.isatty() else 5.0
+
+
 def _options_from_args(args: argparse.Namespace) -> Any:
     from workbench.runner import GenerateOptions
 
@@ -157,7 +165,7 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         long_threshold=args.long_threshold, only=args.only, max_samples=args.max_samples,
         max_tokens_per_dataset=args.max_tokens_per_dataset, max_new_tokens=args.max_new_tokens,
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
-        progress_interval=args.progress_interval, grace_period=args.grace_period,
+        progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
     )
 
