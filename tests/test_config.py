@@ -240,12 +240,12 @@ BAD_VALUES = [
     (
         lambda d: d.update(dataset=[]),
         "dataset: unknown key "
-        "(known: datasets, model_profile, sampling, tokenizer, trust_remote_code)",
+        "(known: concurrency, datasets, model_profile, order, sampling, tokenizer, trust_remote_code)",
     ),
     (
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, id_field, input, "
-        "max_samples, max_tokens, name, path, sampling, tokenizer, trust_remote_code)",
+        "max_samples, max_tokens, name, order, path, sampling, tokenizer, trust_remote_code)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),
     (lambda d: d.update(sampling=[1]), "sampling: expected mapping, got list"),

@@ -43,9 +43,11 @@ T = TypeVar("T")
 DATASET_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 InputMode = Literal["input_ids", "text", "messages"]
+Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
+Concurrency = Positive | Literal["auto"]  # requests in flight: a fixed cap, or steered
 
 
 class Sampling(msgspec.Struct, forbid_unknown_fields=True):
@@ -93,6 +95,7 @@ class DatasetSpec(msgspec.Struct, forbid_unknown_fields=True):
     chat_template_kwargs: dict[str, Any] = {}
     tokenizer: str | None = None
     trust_remote_code: bool = False
+    order: Order | None = None  # None: the manifest's
 
 
 class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -103,6 +106,8 @@ class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     tokenizer: str | None = None
     trust_remote_code: bool = False
+    order: Order = "random"
+    concurrency: Concurrency | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True):
@@ -113,6 +118,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     sampling: Sampling
     datasets: list[DatasetSpec]
     tokenizer: str | None = None
+    concurrency: Concurrency | None = None
 
     def dataset(self, name: str) -> DatasetSpec:
         """The dataset called `name`, or a ConfigError listing the known names."""
@@ -380,6 +386,7 @@ def _load_manifest(path: str | Path) -> Manifest:
         sampling=top.sampling,
         datasets=datasets,
         tokenizer=top.tokenizer,
+        concurrency=top.concurrency,
     )
 
 
@@ -444,6 +451,7 @@ def _resolve_dataset(
         path=str(data_path),
         tokenizer=ds_tokenizer,
         trust_remote_code=ds.trust_remote_code or top.trust_remote_code,
+        order=ds.order or top.order,
     )
 
 

@@ -5,8 +5,14 @@ One run sends every pending prompt of the chosen datasets through one `SGLangCli
 - Concurrency: a global limit, and a lower one for prompts longer than a threshold. Short
   and long prompts are fed by two producers so a waiting long prompt never stalls the
   pipeline, which stays full across dataset boundaries.
-- Budgets: `max_samples` limits the prompts taken; once a dataset's finished completion
-  tokens reach `max_tokens`, no new prompt of it is sent (in-flight ones finish and are kept).
+- Order: a dataset's prompts are sent in a seeded random order (`order: random`, the
+  default; the seed is `order_seed` in run.json, kept on resume), or in file order
+  (`order: file`). So a budget keeps a fair subset of a sorted or grouped file.
+- Budgets: `max_samples` limits the prompts taken (drawn in the send order); with
+  `max_tokens`, a request is sent only while the finished completion tokens plus the
+  projected tokens of the requests in flight and of the new one fit the budget
+  (`workbench.budget`); when nothing is in flight and not even one more fits, the budget is
+  reached. In-flight requests always finish and are kept.
 - Resume (the default): finished `sample_id`s are skipped, failed ones retried, a torn last
   line is moved to `raw_responses.jsonl.torn`; a changed model or sampling refuses to resume.
 - Retries: exponential backoff with jitter for retryable errors, up to `max_attempts`;
@@ -35,6 +41,7 @@ from typing import Any
 import msgspec
 
 from workbench import __version__
+from workbench.budget import BudgetProjection
 from workbench.client import DEFAULT_REQUEST_TIMEOUT, GenerateResult, SGLangClient, redact_url
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import (
@@ -115,10 +122,13 @@ class DatasetProgress:
     max_tokens: int | None = None
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
+    budget_closed: bool = False  # nothing in flight and not even one more request fits
 
     @property
     def budget_reached(self) -> bool:
-        return self.max_tokens is not None and self.completion_tokens >= self.max_tokens
+        if self.max_tokens is None:
+            return False
+        return self.budget_closed or self.completion_tokens >= self.max_tokens
 
     @property
     def overshoot(self) -> int:
@@ -238,6 +248,16 @@ class _Dataset:
     progress: DatasetProgress
     raw: JsonlAppender
     errors: JsonlAppender
+    budget: BudgetProjection
+
+
+def send_order(prompts: list[Prompt], order: str, seed: int, name: str) -> list[Prompt]:
+    """The prompts in the order they are sent: the file's, or shuffled by `seed` and the
+    dataset's name (the same order for the same seed, whatever else the run holds)."""
+    ordered = list(prompts)
+    if order != "file":
+        random.Random(f"{seed}/{name}").shuffle(ordered)
+    return ordered
 
 
 def _sampling_for(manifest: Manifest, spec: DatasetSpec, options: GenerateOptions) -> Sampling:
@@ -318,6 +338,7 @@ class Runner:
         self._snapshot: tuple[dict[str, Any], dict[str, Any], str] | None = None
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
         self._gate: _ServerGate | None = None
+        self.order_seed = 0
 
     # ----------------------------------------------------------------- preparation
     def selected_specs(self) -> list[DatasetSpec]:
@@ -342,10 +363,17 @@ class Runner:
         """Load every dataset's prompts (bad input fails here, before any server is asked)."""
         profile = get_profile(self.manifest.model_profile)
         self._loaded = [
-            (spec, _sampling_for(self.manifest, spec, self.options),
-             load_prompts(spec, profile, limit=_limit(spec.max_samples, self.options.max_samples)))
+            (spec, _sampling_for(self.manifest, spec, self.options), self._load_dataset(spec, profile))
             for spec in self.selected_specs()
         ]
+
+    def _load_dataset(self, spec: DatasetSpec, profile: Any) -> list[Prompt]:
+        """The prompts of a dataset: with a sample cap in file order, the first ones; in
+        random order, the whole file (the cap then draws from all of it)."""
+        cap = _limit(spec.max_samples, self.options.max_samples)
+        if spec.order == "file" or cap is None:
+            return load_prompts(spec, profile, limit=cap)
+        return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile)
 
     def check_resume(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
         """ResumeMismatch when the run in `out` was made with another model or sampling."""
@@ -363,6 +391,7 @@ class Runner:
         except OSError as exc:
             reason = f"cannot create the output directory: {exc.strerror}"
             raise DataError(self.out, reason) from None
+        self.order_seed = self._choose_order_seed()
         for spec, sampling, prompts in self._loaded:
             self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
         self._snapshot = (dict(server_info), dict(model_info), _model_name(server_info, model_info))
@@ -381,15 +410,44 @@ class Runner:
         if torn:
             self.on_event(f"[{spec.name}] moved a torn last line ({torn} bytes) to {RAW_FILE}.torn")
         done_ids, done_tokens = _scan_done(raw_path)
+        prompts, pending = self._draw(spec, prompts, done_ids)
         _write_prompts(folder / PROMPTS_FILE, prompts)
         budget = _limit(spec.max_tokens, self.options.max_tokens_per_dataset)
-        progress = DatasetProgress(
-            name=spec.name, target=len(prompts), max_tokens=budget,
-            done=sum(1 for p in prompts if p.sample_id in done_ids), completion_tokens=done_tokens,
-        )
-        pending = [p for p in prompts if p.sample_id not in done_ids]
-        return _Dataset(spec, sampling, prompts, pending, progress,
-                        JsonlAppender(raw_path), JsonlAppender(folder / ERRORS_FILE))
+        done = sum(1 for p in prompts if p.sample_id in done_ids)
+        progress = DatasetProgress(name=spec.name, target=len(prompts), max_tokens=budget,
+                                   done=done, completion_tokens=done_tokens)
+        return _Dataset(spec, sampling, prompts, pending, progress, JsonlAppender(raw_path),
+                        JsonlAppender(folder / ERRORS_FILE), BudgetProjection(sampling.max_new_tokens))
+
+    def _draw(self, spec: DatasetSpec, prompts: list[Prompt],
+              done_ids: set[int | str]) -> tuple[list[Prompt], list[Prompt]]:
+        """(the dataset's prompts of this run in file order, those still to send in send
+        order): a sample cap keeps the first ones of the send order, plus any finished
+        before (a resumed run keeps what it has)."""
+        ordered = send_order(prompts, spec.order or "random", self.order_seed, spec.name)
+        cap = _limit(spec.max_samples, self.options.max_samples)
+        if cap is None or cap >= len(prompts):
+            return prompts, [p for p in ordered if p.sample_id not in done_ids]
+        kept = {p.sample_id for p in ordered[:cap]} | done_ids
+        done = sum(1 for p in prompts if p.sample_id in done_ids)
+        pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
+        return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
+
+    def _choose_order_seed(self) -> int:
+        """The previous run's seed on resume (the same order, the same subset), else
+        `options.seed`, else a fresh one."""
+        previous = self._previous_manifest() if self.options.resume else {}
+        seed = previous.get("order_seed")
+        if isinstance(seed, int):
+            return seed
+        return self.options.seed if self.options.seed is not None else random.SystemRandom().randrange(2**31)
+
+    def _previous_manifest(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.out / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def _check_resume(self, model: str, sampling: Mapping[str, Sampling]) -> None:
         path = self.out / MANIFEST_FILE
@@ -413,10 +471,7 @@ class Runner:
 
     def _write_manifest(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any], model: str) -> None:
         path = self.out / MANIFEST_FILE
-        previous: dict[str, Any] = {}
-        if path.exists():
-            with contextlib.suppress(OSError, ValueError):
-                previous = json.loads(path.read_text())
+        previous = self._previous_manifest()
         datasets = dict(previous.get("datasets", {}))
         for name, ds in self.datasets.items():
             datasets[name] = {
@@ -428,6 +483,7 @@ class Runner:
                 "tokenizer": ds.spec.tokenizer,
                 "chat_template_kwargs": dict(ds.spec.chat_template_kwargs),
                 "budget_reached": ds.progress.budget_reached,
+                "order": ds.spec.order or "random",
             }
         manifest = {
             "workbench_version": __version__,
@@ -440,6 +496,7 @@ class Runner:
             "server_info": dict(server_info),
             "model_info": dict(model_info),
             "options": dataclasses.asdict(self.options),
+            "order_seed": self.order_seed,
             "datasets": datasets,
         }
         tmp = path.with_suffix(".json.tmp")
@@ -515,16 +572,21 @@ class Runner:
             if ds.spec.name in gated or not self._budget_allows(ds) or not await self._send(ds, prompt, long):
                 gated.add(ds.spec.name)
                 deferred.append((ds, prompt))
-        return deferred
+        return [(ds, prompt) for ds, prompt in deferred if not ds.progress.budget_reached]
 
     def _budget_allows(self, ds: _Dataset) -> bool:
-        """One more request fits the token budget, counting each request in flight at the
-        dataset's mean completion so far (`max_new_tokens` before the first one finishes)."""
+        """One more request fits the token budget with the projected tokens of those in
+        flight (`BudgetProjection`); when none is in flight and it does not fit, the budget
+        is reached."""
         p = ds.progress
-        if p.max_tokens is None or p.in_flight == 0:
-            return not p.budget_reached
-        estimate = p.completion_tokens / p.done if p.done else ds.sampling.max_new_tokens
-        return p.completion_tokens + (p.in_flight + 1) * estimate <= p.max_tokens
+        if p.max_tokens is None:
+            return True
+        if p.budget_reached:
+            return False
+        if ds.budget.fits(p.completion_tokens, p.max_tokens, time.perf_counter()):
+            return True
+        p.budget_closed = p.in_flight == 0
+        return False
 
     async def _send(self, ds: _Dataset, prompt: Prompt, long: bool) -> bool:
         """Start one request; False (nothing started) when the budget now says wait."""
@@ -533,6 +595,7 @@ class Runner:
             self._release(long)
             return self.stopping or ds.progress.budget_reached
         ds.progress.in_flight += 1
+        ds.budget.start(prompt.sample_id, time.perf_counter())
         task = asyncio.create_task(self._work(ds, prompt, long))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -607,6 +670,7 @@ class Runner:
         finally:
             ds.progress.in_flight -= 1
             self.dropped += not settled
+            ds.budget.finish(prompt.sample_id, time.perf_counter(), None)
             if holding:
                 self._release(long)
             for wakeup in self._wakeups:
@@ -640,6 +704,7 @@ class Runner:
             num_retractions=(msgspec.UNSET if result.num_retractions is None
                              else result.num_retractions),
         ))
+        ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         p = ds.progress
         p.done += 1
         p.done_this_run += 1
