@@ -569,3 +569,15 @@ def test_live_dashboard_on_a_terminal(tmp_path: Path, monkeypatch: pytest.Monkey
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
     assert run_monitor(tmp_path, interval=0.01, console=console, clock=lambda: NOW) == 0
     assert stop.calls == 3 and "5/?" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_the_runs_concurrency_beside_the_server_line(tmp_path: Path) -> None:
+    plant(tmp_path, "A", steady(10), written=NOW - 1)
+    (tmp_path / "run.json").write_text(json.dumps({
+        "updated": NOW - 1, "datasets": {"A": {"prompts": 20}},
+        "concurrency": {"setting": "auto", "mode": "metrics", "current": 96,
+                        "history": [[0.0, 32], [4.0, 48], [8.0, 96]]}}))
+    monitor = monitor_for(tmp_path, FakeServer(metrics_text(90, 6, 0.9, 1, 0, 1)), Clock(NOW))
+    frame = render_frame(await monitor.poll())
+    assert "90 running, 6 queued" in frame and "| concurrency 96 (auto, metrics)" in frame

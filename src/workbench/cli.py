@@ -37,6 +37,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _concurrency(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -123,7 +127,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--server", required=True, help="SGLang server or sglang-router URL")
     p.add_argument("--out", required=True, type=Path, help="output directory of the run")
     p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
-    p.add_argument("--concurrency", type=_positive_int, default=150, help="requests in flight (150)")
+    p.add_argument("--concurrency", type=_concurrency, default=None, metavar="auto|N",
+                   help="requests in flight: auto (steered from the server's /metrics; the "
+                        "default unless the manifest sets concurrency) or a fixed cap N")
     p.add_argument("--long-concurrency", type=_positive_int, default=16,
                    help="requests in flight with long prompts (16)")
     p.add_argument("--long-threshold", type=_positive_int, default=4096,
@@ -248,6 +254,15 @@ class _LineView:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.reported_done: set[str] = set()
+        self.concurrency_said: str | None = None
+
+    def concurrency_changed(self, runner: Runner) -> str | None:
+        """`concurrency 96 (auto, metrics)` when the cap moved since it was last said."""
+        text = runner.concurrency_text()
+        if text == self.concurrency_said:
+            return None
+        self.concurrency_said = text
+        return text
 
     def start(self, runner: Runner) -> None:
         self.say_resume(runner)
@@ -268,6 +283,9 @@ class _LineView:
             if p.finished is not None:
                 self.reported_done.add(p.name)
             print(format_progress_line(p), flush=True)
+        changed = self.concurrency_changed(runner)
+        if changed is not None:
+            print(changed, flush=True)
 
     def event(self, message: str) -> None:
         print(message, flush=True)
@@ -323,6 +341,9 @@ class _RichView(_LineView):
     def update(self, runner: Runner) -> None:
         for p in runner.progress():
             self.progress.update(self.tasks[p.name], completed=p.done, figures=progress_fields(p))
+        changed = self.concurrency_changed(runner)
+        if changed is not None:
+            self.event(changed)
 
     def event(self, message: str) -> None:
         self.progress.console.print(message, highlight=False, markup=False)

@@ -5,7 +5,7 @@ Prometheus text (``/metrics``, only with ``--enable-metrics``) is parsed with
 rank, one per model behind a router); they are combined as:
 
     sum     running and queued requests, used tokens, generation throughput, and the
-            counters (prompt, generation and cached tokens, finished requests)
+            counters (prompt, generation and cached tokens, finished and retracted requests)
     max     token usage (a share of one rank's KV pool: the fullest rank is the one that
             makes requests queue)
 
@@ -55,6 +55,7 @@ class MetricsSnapshot:
     generation_tokens: float | None = None
     cached_tokens: float | None = None
     requests: float | None = None
+    retracted: float | None = None
     at: float | None = None
 
 
@@ -71,6 +72,7 @@ _METRICS: dict[str, tuple[str, _Combine]] = {
     "generation_tokens": ("generation_tokens", sum),
     "cached_tokens": ("cached_tokens", sum),
     "num_requests": ("requests", sum),
+    "num_retracted_requests": ("retracted", sum),
 }
 
 

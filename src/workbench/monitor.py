@@ -512,7 +512,22 @@ def _server_url_hint(stats: RunStats) -> str:
 
 
 def server_line(state: MonitorState) -> str:
-    """One line about the server: its load, its fallback info, or why it is not shown."""
+    """One line about the server: its load, its fallback info, or why it is not shown; then
+    the run's concurrency (run.json) beside it."""
+    return _server_text(state) + _concurrency_note(state.stats)
+
+
+def _concurrency_note(stats: RunStats) -> str:
+    """` | concurrency 96 (auto, metrics)` from run.json; empty for runs that do not say."""
+    record = stats.manifest.get("concurrency")
+    if not isinstance(record, Mapping) or not isinstance(record.get("current"), int):
+        return ""
+    mode = record.get("mode")
+    how = "fixed" if mode == "fixed" else f"auto, {mode}"
+    return f" | concurrency {record['current']} ({how})"
+
+
+def _server_text(state: MonitorState) -> str:
     server = state.server
     if server is None:
         return f"server: not polled (pass --server URL{_server_url_hint(state.stats)})"

@@ -4,7 +4,9 @@ One run sends every pending prompt of the chosen datasets through one `SGLangCli
 
 - Concurrency: a global limit, and a lower one for prompts longer than a threshold. Short
   and long prompts are fed by two producers so a waiting long prompt never stalls the
-  pipeline, which stays full across dataset boundaries.
+  pipeline, which stays full across dataset boundaries. The global limit is a fixed cap
+  (`concurrency: N`) or `auto` (the default), steered from the servers' `/metrics`
+  (`workbench.concurrency`); run.json keeps its history.
 - Order: a dataset's prompts are sent in a seeded random order (`order: random`, the
   default; the seed is `order_seed` in run.json, kept on resume), or in file order
   (`order: file`). So a budget keeps a fair subset of a sorted or grouped file.
@@ -42,7 +44,20 @@ import msgspec
 
 from workbench import __version__
 from workbench.budget import BudgetProjection
-from workbench.client import DEFAULT_REQUEST_TIMEOUT, GenerateResult, SGLangClient, redact_url
+from workbench.client import (
+    DEFAULT_REQUEST_TIMEOUT,
+    GenerateResult,
+    SGLangClient,
+    api_key_from_env,
+    redact_url,
+)
+from workbench.concurrency import (
+    AutoConcurrency,
+    Limiter,
+    ServerReading,
+    Steering,
+    read_servers,
+)
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import (
     BadRequest,
@@ -85,7 +100,7 @@ __all__ = [
 class GenerateOptions:
     """Run-wide settings; the CLI flags map one to one onto these fields."""
 
-    concurrency: int = 150
+    concurrency: int | str | None = None  # N (a cap), "auto", None: the manifest's, else auto
     long_concurrency: int = 16
     long_threshold: int = 4096
     only: tuple[str, ...] = ()
@@ -103,6 +118,7 @@ class GenerateOptions:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     preflight: bool = False
     server_wait: float = 3600.0
+    auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
 
 
 @dataclass(slots=True)
@@ -332,8 +348,11 @@ class Runner:
         self._stop = asyncio.Event()
         self.stop_requests = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._global: asyncio.Semaphore | None = None
+        self._global: Limiter | None = None
         self._long: asyncio.Semaphore | None = None
+        self.steering: Steering | None = None
+        self._workers: dict[str, SGLangClient] = {}
+        self._written_limit: int | None = None
         self._wakeups: list[asyncio.Event] = []
         self._snapshot: tuple[dict[str, Any], dict[str, Any], str] | None = None
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
@@ -497,6 +516,7 @@ class Runner:
             "model_info": dict(model_info),
             "options": dataclasses.asdict(self.options),
             "order_seed": self.order_seed,
+            "concurrency": self.concurrency_record(),
             "datasets": datasets,
         }
         tmp = path.with_suffix(".json.tmp")
@@ -518,11 +538,58 @@ class Runner:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def concurrency_setting(self) -> int | str:
+        """`--concurrency`, else the manifest's `concurrency`, else "auto"."""
+        return self.options.concurrency or self.manifest.concurrency or "auto"
+
+    @property
+    def concurrency(self) -> int:
+        """The cap on requests in flight right now."""
+        if self._global is not None:
+            return self._global.limit
+        setting = self.concurrency_setting
+        return setting if isinstance(setting, int) else AutoConcurrency().limit
+
+    def concurrency_text(self) -> str:
+        """`concurrency 96 (auto, metrics)` or `concurrency 150 (fixed)`."""
+        if self.steering is None:
+            return f"concurrency {self.concurrency} (fixed)"
+        return f"concurrency {self.concurrency} (auto, {self.steering.auto.mode})"
+
+    def concurrency_record(self) -> dict[str, Any]:
+        """run.json's `concurrency`: the setting, mode, cap now and the cap's history."""
+        auto = self.steering.auto if self.steering is not None else None
+        return {"setting": self.concurrency_setting, "mode": auto.mode if auto else "fixed",
+                "current": self.concurrency,
+                "history": [list(point) for point in auto.history[-500:]] if auto else []}
+
+    def _start_concurrency(self) -> asyncio.Task[None] | None:
+        setting = self.concurrency_setting
+        if isinstance(setting, int):
+            self._global = Limiter(setting)
+            return None
+        auto = AutoConcurrency()
+        self._global = Limiter(auto.limit)
+        self.steering = Steering(self._global, auto, self._read_servers,
+                                 interval=self.options.auto_interval, on_mode=self.on_event)
+        return asyncio.create_task(self.steering.run())
+
+    async def _read_servers(self) -> list[ServerReading] | None:
+        return await read_servers(self.client, self._worker_client)
+
+    def _worker_client(self, url: str) -> SGLangClient:
+        if url not in self._workers:
+            self._workers[url] = SGLangClient(url, api_key=api_key_from_env(), timeout=10.0)
+        return self._workers[url]
+
     async def run(self) -> RunSummary:
         """Send every pending prompt; returns when all are done, or after a stop."""
         started = time.perf_counter()
-        self._global = asyncio.Semaphore(self.options.concurrency)
-        self._long = asyncio.Semaphore(max(1, min(self.options.long_concurrency, self.options.concurrency)))
+        steering = self._start_concurrency()
+        long_cap = self.options.long_concurrency
+        setting = self.concurrency_setting
+        self._long = asyncio.Semaphore(max(1, min(long_cap, setting) if isinstance(setting, int) else long_cap))
         self._gate = _ServerGate(self.client, self.on_event, self.options.server_wait,
                                  self.request_stop)
         for ds in self.datasets.values():
@@ -533,6 +600,11 @@ class Runner:
             await self._drain()
         finally:
             reporter.cancel()
+            if steering is not None:
+                steering.cancel()
+                await asyncio.gather(steering, return_exceptions=True)
+            for worker in self._workers.values():
+                await worker.aclose()
             self._gate.release()
             self._close()
         self._emit_progress()
@@ -691,6 +763,8 @@ class Runner:
             ))
             if isinstance(exc, ConnectionLost) and self._gate is not None:
                 self._gate.close()
+            elif exc.retryable and self.steering is not None:
+                self.steering.failed()
             return exc
         self._record(ds, prompt, result)
         return None
@@ -705,6 +779,8 @@ class Runner:
                              else result.num_retractions),
         ))
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
+        if self.steering is not None:
+            self.steering.finished(result.completion_tokens)
         p = ds.progress
         p.done += 1
         p.done_this_run += 1
@@ -721,6 +797,9 @@ class Runner:
         while True:
             await asyncio.sleep(self.options.progress_interval)
             self._emit_progress()
+            if self._snapshot is not None and self.concurrency != self._written_limit:
+                self._written_limit = self.concurrency
+                self._write_manifest(*self._snapshot)  # the concurrency's history, for the monitor
 
     def _emit_progress(self) -> None:
         if self.on_progress is not None:
