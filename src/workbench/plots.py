@@ -62,6 +62,8 @@ __all__ = [
     "selection_view",
     "setup_notebook",
     "stats_view",
+    "subset_lengths_figure",
+    "subset_view",
     "validation_banner",
 ]
 
@@ -805,3 +807,69 @@ def explore_scatter(sample: pd.DataFrame, *, x: str = "prompt_tokens", y: str = 
     fig.update_layout(updatemenus=[{"buttons": buttons, "direction": "down", "x": 0.0, "y": 1.02,
                                     "xanchor": "left", "yanchor": "bottom"}], margin={"t": 110})
     return fig
+
+
+def subset_lengths_figure(curves: pd.DataFrame,
+                          title: str = "Prompt length: sent subset against the whole dataset") -> go.Figure:
+    """subset.compare_subsets(...).length_curves as cumulative shares per dataset: the whole
+    dataset solid, the sent subset dashed (apart: a biased subset)."""
+    if curves.empty:
+        return _empty(title, "no prompts")
+    colors, fig = _colors(curves), go.Figure()
+    for name, g in _present(curves):
+        for group, dash in (("whole", "solid"), ("sent", "dash")):
+            part = g[g["group"] == group]
+            if part.empty:
+                continue
+            fig.add_trace(go.Scatter(
+                x=part["value"], y=part["fraction"] * 100,
+                name=f"{name} {group}", mode="lines",
+                line={"shape": "hv", "color": colors[name], "width": 2, "dash": dash},
+                hovertemplate="≤ %{x:,} tokens: %{y:.1f}%<extra>" + html.escape(f"{name} {group}") + "</extra>"))
+    fig.update_layout(title={"text": title}, xaxis_title="prompt tokens",
+                      yaxis_title="% of prompts at or below", yaxis_range=[0, 101])
+    return fig
+
+
+def subset_view(comparison: Any) -> Rendered:
+    """The tables of subset.compare_subsets: prompt length per dataset (KS test), and the
+    shares of each source-like field (chi-square test); biased rows marked."""
+    rows, classes = [], []
+    for r in comparison.lengths.itertuples(index=False):
+        rows.append([r.dataset, f"{r.sent:,} / {r.whole:,}", _number(r.mean_whole), _number(r.mean_sent),
+                     _ratio(r.mean_ratio), _ratio(r.ks_d), _pvalue(r.ks_p),
+                     _pill("biased", "#c0392b") if r.biased else "fair"])
+        classes.append("")
+    html_parts = [_table(["dataset", "sent / whole", "mean prompt (whole)", "mean prompt (sent)",
+                          "ratio", "KS D", "p-value", ""], rows, numeric=range(1, 7),
+                         row_classes=classes, caption="Prompt length")]
+    tests = comparison.share_tests
+    if not tests.empty:
+        shares = comparison.shares
+        rows = []
+        for t in tests.itertuples(index=False):
+            part = shares[(shares["dataset"] == t.dataset) & (shares["field"] == t.field)]
+            top = ", ".join(f"{v.value} {v.whole_share:.0%} -> {v.sent_share:.0%}"
+                            for v in part.head(6).itertuples(index=False))
+            rows.append([t.dataset, t.field, t.levels, _ratio(t.tvd), _pvalue(t.chi2_p), top,
+                         _pill("biased", "#c0392b") if t.biased else "fair"])
+        html_parts.append(_table(["dataset", "field", "values", "total variation", "p-value",
+                                  "share whole -> sent", ""], rows, numeric=range(2, 5),
+                                 caption="Shares of source-like fields"))
+    records = {"lengths": _records(comparison.lengths), "shares": _records(comparison.shares),
+               "share_tests": _records(comparison.share_tests)}
+    return Rendered(f'<div class="wb-report">{"".join(html_parts)}</div>', records)
+
+
+def _number(value: object) -> str:
+    return "-" if _nan(value) else f"{float(value):,.0f}"  # type: ignore[arg-type]
+
+
+def _ratio(value: object) -> str:
+    return "-" if _nan(value) else f"{float(value):.3f}"  # type: ignore[arg-type]
+
+
+def _pvalue(value: object) -> str:
+    if _nan(value):
+        return "-"
+    return "< 0.001" if float(value) < 0.001 else f"{float(value):.3f}"  # type: ignore[arg-type]
