@@ -107,12 +107,13 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerP
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, sims: dict[str, ServerProcess]) -> Path:
-    """A finished run of two small datasets (ids and text), made once for the module."""
+    """A finished run of two small datasets (ids and text; the first six rows of each file),
+    made once for the module."""
     folder = tmp_path_factory.mktemp("finished")
     manifest = _manifest(folder, [
         {"name": "a", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids", "max_samples": 6},
         {"name": "b", "path": str(EXAMPLES / "data/texts.jsonl"), "input": "text", "max_samples": 6},
-    ])
+    ], order="file")
     done = workbench("generate", "--datasets", str(manifest), "--server", sims["open"].url,
                      "--out", str(folder / "run"))
     assert done.returncode == 0, done.stderr
@@ -341,6 +342,10 @@ CASES: list[Any] = [
                  id="generate-dataset-wrong-type"),
     pytest.param(_dataset_case({"input": "tokens"}, "datasets[0].input", "input_ids"),
                  id="generate-dataset-bad-enum"),
+    pytest.param(_dataset_case({"order": "sorted"}, "datasets[0].order", "file"),
+                 id="generate-dataset-bad-order"),
+    pytest.param(_yaml_case("model_profile: kimi-k2.5\nconcurrency: 0\ndatasets: []\n", "concurrency"),
+                 id="generate-manifest-bad-concurrency"),
     pytest.param(_dataset_case({"colour": "red"}, "datasets[0].colour", "unknown key"),
                  id="generate-dataset-unknown-key"),
     pytest.param(_dataset_case({"sampling": {"temperature": -1}}, "datasets[0].sampling.temperature"),

@@ -353,8 +353,19 @@ def _known_keys(struct_type: type, parts: list[str | int]) -> list[str]:
 
 def _literal_values(struct_type: type, parts: list[str | int]) -> list[str]:
     info = _type_at(struct_type, parts)
+    if isinstance(info, msgspec.inspect.UnionType):  # e.g. concurrency: a number or "auto"
+        kinds = [_kind_name(t) for t in info.types]
+        return [k for k in kinds if k]
     values = info.values if isinstance(info, msgspec.inspect.LiteralType) else ()
     return [str(v) for v in values]
+
+
+def _kind_name(info: Any) -> str:
+    if isinstance(info, msgspec.inspect.LiteralType):
+        return ", ".join(str(v) for v in info.values)
+    if isinstance(info, msgspec.inspect.IntType):
+        return "a whole number" + (f" >= {info.ge}" if info.ge is not None else "")
+    return ""
 
 
 # ---------------------------------------------------------------------------- manifest
