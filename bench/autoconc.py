@@ -104,7 +104,6 @@ async def point(manifest: Path, out: Path, url: str, speed: float, concurrency: 
         runner.request_stop()
         runner.request_stop()
         await run
-        await client.flush_cache()
     return tok_s, meter
 
 

@@ -41,7 +41,7 @@ PLANTED_ID = 1293  # a prompt word the simulated replies never use; decodes to P
 THINK_END, IM_END = 163607, 163586
 LATE = 12  # records appended after the run, all without a think-end id
 NOTEBOOKS = ROOT / "notebooks"
-FIGURES = {"token_distribution": 6, "format_validation": 2, "explore": 3}
+FIGURES = {"token_distribution": 7, "format_validation": 2, "explore": 3}
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -208,6 +208,9 @@ def test_report_renders_in_chromium(name: str, reports: dict[str, Any], tmp_path
     assert page.values["pwned"] == "undefined" and page.values["scripts"] == 0
     if name != "token_distribution":
         assert PLANTED in page.values["text"]  # shown as text, not run
+    else:
+        assert "Sent subset against the whole dataset" in page.values["text"]
+        assert "KS D" in page.values["text"]
     assert page.screenshot is not None and page.screenshot.stat().st_size > 50_000
 
 

@@ -394,7 +394,7 @@ def test_overrides_are_checked_key_by_key(tmp_path: Path) -> None:
 # --- recommendation and projection -----------------------------------------------------------------
 
 
-def point(config: str, tok_s: float | None, *, concurrency: int = 150, status: str = "ok",
+def point(config: str, tok_s: float | None, *, concurrency: int | str = 150, status: str = "ok",
           **figures: Any) -> PointResult:
     return PointResult(config=config, concurrency=concurrency, status=status,
                        output_throughput=tok_s, requests=100, **figures)
@@ -470,3 +470,25 @@ def test_kimi_replay_reproduces_the_seeds_measurements(tmp_path: Path) -> None:
     assert (untuned.mean_running or 0) < 40 < (tuned.mean_running or 0) < 150
     assert (tuned.cache_hit_rate or 0) > (untuned.cache_hit_rate or 0)
     assert recommend_sweep(tmp_path / "out").best == "tuned"
+
+
+def test_recommendation_says_how_close_auto_gets() -> None:
+    results = [point("a", 500.0, concurrency=64), point("a", 600.0), point("a", 588.0, concurrency="auto")]
+    rec = recommend(results)
+    assert rec.concurrency == 150 and dict(rec.auto) == {"a": 0.98}
+    assert "auto concurrency reaches 0.98 of its best fixed concurrency" in rec.text
+
+
+def test_auto_is_measured_as_a_point(tmp_path: Path) -> None:
+    params = write_params(tmp_path, sim_params([{"name": "small", "args": {"mem_fraction_static": 0.80}}],
+                                               concurrency=[48, "auto"]))
+    out = tmp_path / "out"
+    summary = run_sweep(params, out)
+    auto = next(r for r in summary.results if r.concurrency == "auto")
+    fixed = next(r for r in summary.results if r.concurrency == 48)
+    assert auto.ok and fixed.ok and (out / "small" / "cauto" / "result.json").exists()
+    assert auto.mean_concurrency is not None and auto.mean_concurrency >= 4
+    assert auto.output_throughput is not None and fixed.output_throughput is not None
+    rec = recommend_sweep(out)
+    assert rec.concurrency == 48 and dict(rec.auto)["small"] > 0
+    assert [row["concurrency"] for row in csv_rows(out)] == ["48", "auto"]

@@ -16,7 +16,10 @@ Load and measurement. `concurrency` workers each send one request at a time (pro
 fixed order, the same for every point). The first `warmup_requests` finished requests are
 the warm-up; the window opens when the last of them finishes and closes after `requests`
 more have finished or after `duration` seconds, whichever comes first; requests still in
-flight then are cancelled. Over the window:
+flight then are cancelled. A concurrency of `auto` runs the generation job's auto mode
+(`workbench.concurrency`: up to 1,024 workers, as many in flight as its cap allows, steered
+from `/metrics`); its mean cap is `mean_concurrency` and the recommendation compares it with
+the best fixed point. Over the window:
 
     output_throughput   tokens streamed inside the window / window (streaming); without
                         streaming, completion tokens of the window's finished requests /

@@ -14,12 +14,22 @@ from typing import Any
 import msgspec
 
 from workbench.client import SGLangClient
+from workbench.concurrency import (
+    CEILING,
+    START,
+    AutoConcurrency,
+    Limiter,
+    ServerReading,
+    Steering,
+    read_servers,
+)
 from workbench.errors import ConfigError, RequestFailed
 from workbench.metrics import parse_metrics
 from workbench.tune.parameters import LoadParams, PromptParams
 
 MIN_SAMPLE_WALL = 0.05
 ERROR_PAUSE_WALL = 0.05
+AUTO_INTERVAL = 2.0  # server seconds between two readings of /metrics (auto)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,7 @@ class Sample(msgspec.Struct):
     running: float | None
     queued: float | None
     token_usage: float | None
+    cap: int | None = None  # auto: the concurrency cap at the time
 
 
 @dataclass(slots=True)
@@ -123,14 +134,16 @@ class LoadOutcome:
 
 
 class PointLoad:
-    """A closed loop of `concurrency` workers with a warm-up and a measurement window."""
+    """A closed loop of `concurrency` workers with a warm-up and a measurement window; with
+    "auto", the generation job's auto concurrency (`workbench.concurrency`) caps the workers
+    in flight, steered from the server's /metrics."""
 
     def __init__(
         self,
         client: SGLangClient,
         prompts: Sequence[LoadPrompt],
         load: LoadParams,
-        concurrency: int,
+        concurrency: int | str,
         *,
         time_scale: float = 1.0,
         server_exit: Callable[[], str | None] = lambda: None,
@@ -156,6 +169,11 @@ class PointLoad:
         self._streamed: dict[int, int] = {}  # request index -> tokens streamed so far
         self._base: dict[int, int] = {}  # ... and before the window opened
         self._window_tokens = 0
+        self.steering: Steering | None = None
+        if not isinstance(concurrency, int):
+            interval = max(MIN_SAMPLE_WALL, AUTO_INTERVAL / time_scale)
+            self.steering = Steering(Limiter(START), AutoConcurrency(), self._read_server,
+                                     interval=interval)
 
     def _now(self) -> float:
         return (self.clock() - self._t0) * self.scale
@@ -165,9 +183,12 @@ class PointLoad:
         self._t0 = self.clock()
         if self.load.warmup_requests == 0:
             self._open_window()
+        workers = self.concurrency if isinstance(self.concurrency, int) else CEILING
         jobs: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(self._worker()) for _ in range(self.concurrency)]
+            asyncio.ensure_future(self._worker()) for _ in range(workers)]
         jobs.append(asyncio.ensure_future(self._watch()))
+        if self.steering is not None:
+            jobs.append(asyncio.ensure_future(self.steering.run()))
         try:
             await self._stop.wait()
         except asyncio.CancelledError:
@@ -205,12 +226,24 @@ class PointLoad:
         except RequestFailed:
             return None
 
+    async def _read_server(self) -> list[ServerReading] | None:
+        return await read_servers(self.client, lambda url: self.client)
+
     async def _worker(self) -> None:
+        limiter = self.steering.limiter if self.steering is not None else None
         while not self._stop.is_set():
-            index = self._next
-            self._next += 1
-            row = await self._request(index, self.prompts[index % len(self.prompts)])
+            if limiter is not None:
+                await limiter.acquire()
+            try:
+                index = self._next
+                self._next += 1
+                row = await self._request(index, self.prompts[index % len(self.prompts)])
+            finally:
+                if limiter is not None:
+                    limiter.release()
             self._record(row)
+            if not row.ok and self.steering is not None and row.error_type != "bad_request":
+                self.steering.failed()
             await asyncio.sleep(0 if row.ok else ERROR_PAUSE_WALL)  # let the watcher run
 
     def _record(self, row: RequestRow) -> None:
@@ -296,4 +329,5 @@ class PointLoad:
             snap = parse_metrics(text)
         except ValueError:
             return
-        self.samples.append(Sample(self._now(), snap.running, snap.queued, snap.token_usage))
+        cap = self.steering.limiter.limit if self.steering is not None else None
+        self.samples.append(Sample(self._now(), snap.running, snap.queued, snap.token_usage, cap))

@@ -20,7 +20,7 @@ class PointResult(msgspec.Struct, kw_only=True):
     """One point's figures (result.json); None where nothing was measured."""
 
     config: str
-    concurrency: int
+    concurrency: int | str  # a fixed concurrency, or "auto"
     repeat: int = 1
     status: str = "ok"
     reason: str | None = None
@@ -40,6 +40,7 @@ class PointResult(msgspec.Struct, kw_only=True):
     mean_running: float | None = None
     max_running: float | None = None
     mean_queued: float | None = None
+    mean_concurrency: float | None = None  # auto: the cap's mean over the window
     cache_hit_rate: float | None = None
     requests: int = 0
     errors: int = 0
@@ -81,12 +82,14 @@ def _gauges(samples: Sequence[Sample], start: float, end: float) -> dict[str, An
     inside = [s for s in samples if start <= s.t <= end] or list(samples[-1:])
     running = [s.running for s in inside if s.running is not None]
     queued = [s.queued for s in inside if s.queued is not None]
+    caps = [s.cap for s in inside if s.cap is not None]
     usage = [s.token_usage for s in inside if s.token_usage is not None]
     return {
         "peak_token_usage": round(max(usage), 4) if usage else None,
         "mean_running": round(sum(running) / len(running), 2) if running else None,
         "max_running": max(running) if running else None,
         "mean_queued": round(sum(queued) / len(queued), 2) if queued else None,
+        "mean_concurrency": round(sum(caps) / len(caps), 1) if caps else None,
     }
 
 
@@ -100,7 +103,7 @@ def _snapshot(text: str | None) -> MetricsSnapshot | None:
 
 
 def summarize_point(
-    outcome: LoadOutcome, *, config: str, concurrency: int, repeat: int, time_scale: float
+    outcome: LoadOutcome, *, config: str, concurrency: int | str, repeat: int, time_scale: float
 ) -> PointResult:
     """The point's figures from its load outcome (server info fields are added later)."""
     measured = [row for row in outcome.rows if row.phase == "measured"]
@@ -154,7 +157,7 @@ def _set_status(result: PointResult, outcome: LoadOutcome, measured: list[Reques
         result.reason = _error_summary(measured)
 
 
-def failed_point(config: str, concurrency: int, repeat: int, reason: str,
+def failed_point(config: str, concurrency: int | str, repeat: int, reason: str,
                  args: Mapping[str, Any]) -> PointResult:
     """A point that could not run (its server did not start or died before it)."""
     return PointResult(config=config, concurrency=concurrency, repeat=repeat, status="failed",

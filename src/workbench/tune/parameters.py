@@ -106,7 +106,7 @@ class PromptParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class LoadParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The load of every point (times are server time)."""
 
-    concurrency: list[Positive]
+    concurrency: list[Positive | Literal["auto"]]  # "auto": the generation job's auto mode
     prompts: PromptParams = msgspec.field(default_factory=PromptParams)
     requests: Positive | None = None
     duration: Seconds | None = None

@@ -116,6 +116,7 @@ class Recommendation:
     remaining_source: str
     rows: tuple[ConfigChoice, ...]
     note: str | None = None
+    auto: tuple[tuple[str, float], ...] = ()  # configuration, auto tok/s / best fixed tok/s
 
     def row(self, name: str | None) -> ConfigChoice | None:
         return next((r for r in self.rows if r.config == name), None)
@@ -145,6 +146,9 @@ class Recommendation:
                 f"{best.output_throughput:,.0f} output tok/s")
         if best.ratio is not None and self.baseline != self.best:
             head += f" ({best.ratio:.2f}x {self.baseline})"
+        auto = dict(self.auto).get(self.best)
+        if auto is not None:
+            head += f"; auto concurrency reaches {auto:.2f} of its best fixed concurrency"
         if self.remaining_tokens is None:
             return head + (f"; no projection: {self.note}" if self.note else "")
         source = f" ({self.remaining_source})" if self.remaining_source else ""
@@ -155,7 +159,7 @@ class Recommendation:
         return {"best": self.best, "baseline": self.baseline, "concurrency": self.concurrency,
                 "remaining_tokens": self.remaining_tokens, "remaining_source": self.remaining_source,
                 "projection": self.projection_text, "text": self.text, "note": self.note,
-                "rows": [_choice_dict(r) for r in self.rows]}
+                "rows": [_choice_dict(r) for r in self.rows], "auto": dict(self.auto)}
 
 
 def _choice_dict(row: ConfigChoice) -> dict[str, Any]:
@@ -211,15 +215,28 @@ def recommend(
     base_tok = next((r.output_throughput for r in rows if r.config == baseline), None)
     rows = [_with_projection(r, remaining_tokens, base_tok) for r in rows]
     return Recommendation(best, baseline, chosen, remaining_tokens, remaining_source, tuple(rows),
-                          note)
+                          note, _auto_ratios(results, configs))
+
+
+def _auto_ratios(results: Sequence[PointResult], configs: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """Per configuration measured at `auto`: its mean tok/s over the best fixed point's."""
+    ratios = []
+    for config in configs:
+        ok = [r for r in results if r.config == config and r.ok and r.output_throughput]
+        auto = _mean(r.output_throughput for r in ok if r.concurrency == "auto")
+        fixed = [r.output_throughput or 0.0 for r in ok if isinstance(r.concurrency, int)]
+        if auto is not None and fixed and max(fixed) > 0:
+            ratios.append((config, round(auto / max(fixed), 3)))
+    return tuple(ratios)
 
 
 def _best_concurrency(results: Sequence[PointResult], limits: LatencyLimits) -> int | None:
-    candidates = [r for r in results if r.ok and r.output_throughput is not None
+    fixed = [r for r in results if isinstance(r.concurrency, int)]
+    candidates = [r for r in fixed if r.ok and r.output_throughput is not None
                   and not violations(r, limits)]
     if not candidates:
-        return max((r.concurrency for r in results), default=None)
-    return max(candidates, key=lambda r: r.output_throughput or 0.0).concurrency
+        return max((int(r.concurrency) for r in fixed), default=None)
+    return int(max(candidates, key=lambda r: r.output_throughput or 0.0).concurrency)
 
 
 def _with_projection(row: ConfigChoice, remaining: int | None, base_tok: float | None) -> ConfigChoice:

@@ -42,7 +42,7 @@ class PointPlan:
     """One point of the sweep and its folder."""
 
     config: str
-    concurrency: int
+    concurrency: int | str
     repeat: int
     folder: Path
 
@@ -58,12 +58,17 @@ def plan_points(out: Path, configs: Sequence[ConfigPlan], load: LoadParams,
     for config in configs:
         points[config.name] = [
             PointPlan(config.name, c, r, out / config.name / _point_folder(c, r, repeats))
-            for c in sorted(load.concurrency) for r in range(1, repeats + 1)
+            for c in sorted(load.concurrency, key=_concurrency_order) for r in range(1, repeats + 1)
         ]
     return points
 
 
-def _point_folder(concurrency: int, repeat: int, repeats: int) -> str:
+def _concurrency_order(concurrency: int | str) -> tuple[bool, int]:
+    """Fixed concurrencies ascending, then auto."""
+    return (not isinstance(concurrency, int), concurrency if isinstance(concurrency, int) else 0)
+
+
+def _point_folder(concurrency: int | str, repeat: int, repeats: int) -> str:
     return f"c{concurrency}" if repeats == 1 else f"c{concurrency}-r{repeat}"
 
 
@@ -175,7 +180,7 @@ CURVE_COLUMNS = ("output_throughput", "request_throughput", "ttft_p50_ms", "ttft
 def curves_frame(results: Sequence[PointResult]) -> pd.DataFrame:
     """One row per configuration and concurrency over the finished points (repeats
     averaged): the figures the throughput, latency and usage plots draw."""
-    frame = results_frame([r for r in results if r.ok])
+    frame = results_frame([r for r in results if r.ok and isinstance(r.concurrency, int)])
     if frame.empty:
         return frame[["config", "concurrency", *CURVE_COLUMNS]]
     curves = frame.groupby(["config", "concurrency"], observed=True, sort=True)[
