@@ -77,3 +77,11 @@ def test_a_url_below_the_root_gets_the_root_as_hint(
     line = one_line_error(done)
     assert line.endswith(f"(no SGLang server at {sim.url}/api: the URL should probably be {sim.url})")
     assert not (tmp_path / "out").exists()
+
+
+def test_tuning_parameter_checks_name_the_yaml_line(tmp_path: Path) -> None:
+    params = tmp_path / "tuning.yaml"
+    params.write_text("server:\n  launcher: sim\ngrid:\n  baseline: nope\n  configs:\n"
+                      "    - name: a\n      args: {mem_fraction_static: 0.8}\nload:\n  concurrency: [4]\n  duration: 5\n")
+    line = one_line_error(workbench("tune", "--params", str(params), "--dry-run"))
+    assert line.startswith(f"workbench: error: {params}:4: grid.baseline: no configuration 'nope'"), line

@@ -17,7 +17,7 @@ import msgspec
 import msgspec.inspect
 import yaml
 
-from workbench.config import DATASET_NAME_PATTERN, load_yaml_params
+from workbench.config import DATASET_NAME_PATTERN, load_yaml_params, with_line
 from workbench.errors import ConfigError
 from workbench.launch import (
     HEALTH_PATHS,
@@ -162,12 +162,15 @@ def load_tuning_params(
     """Load, override and check a tuning parameter file; paths come back absolute.
 
     `overrides` are `key.path=value` strings (values read as YAML) or a mapping of them.
-    Every problem is a ConfigError naming the file (or `--set`) and the key.
+    Every problem is a ConfigError naming the file and line (or `--set`) and the key.
     """
     source = str(path)
     params = load_yaml_params(Path(path), TuningParams, source=source)
     params = apply_overrides(params, _parse_overrides(overrides))
-    _check_params(params, source)
+    try:
+        _check_params(params, source)
+    except ConfigError as exc:
+        raise with_line(exc, Path(path)) from None
     return _resolve_paths(params, Path(path).resolve().parent)
 
 
