@@ -759,8 +759,7 @@ def _sample(name: str, row: Row, profile: ModelProfile, reasoning: bool, decoder
     names = _id_names(profile)
 
     def show(ids: list[int]) -> tuple[str, bool]:
-        text = decoder.decode(ids, skip_special_tokens=False) if decoder else _render_ids(ids, names)
-        return _clip(text, chars)
+        return _clip(_show(ids, decoder, names), chars)
 
     thought, cut_head = show(head) if head is not None else (None, False)
     answer, cut_tail = show(tail)
@@ -825,14 +824,14 @@ class _PromptLine(msgspec.Struct):
     sample_id: Any = None
     input_ids: list[int] | None = None
     text: str | None = None
-    messages: Any = None
 
 
 _PROMPT_DECODER = msgspec.json.Decoder(_PromptLine)
 
 
 def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, str]) -> str | None:
-    """The prompt of `sample_id` as sent (prompts.jsonl): decoded ids, or its text."""
+    """The prompt of `sample_id` as sent (prompts.jsonl): decoded ids, or its text. The file
+    is read from its start up to that prompt (prompts are not in the scan)."""
     if sample_id is None or not path.is_file():
         return None
     with path.open("rb") as lines:
@@ -844,7 +843,7 @@ def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, 
             if prompt.sample_id == sample_id:
                 if prompt.input_ids is not None:
                     return _show(prompt.input_ids, decoder, names)
-                return prompt.text if prompt.text is not None else str(prompt.messages)
+                return prompt.text
     return None
 
 
