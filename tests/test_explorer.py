@@ -102,6 +102,12 @@ def test_widgets_redraw_in_place_and_open_records(run: Path) -> None:
     assert {t.name for t in scatter.data} == {"b", "b (out)"}
     assert {t.name for t in histogram.data} == {"b", "b (out)"}
     assert "5 of 9 records selected" in controls.children[1].value
+    rule = controls.children[0].children[0].children[-1]
+    assert rule.label == "any record" and ("truncated (1 record)", "truncated") in rule.options
+    rule.value = "truncated"  # only in dataset a, which is not picked
+    assert app.filters["rule"] == "truncated" and app.selected.empty
+    rule.value = ""
+    assert "rule" not in app.filters and len(app.selected) == 5
     sample_box = controls.children[0].children[1].children[-1]
     sample_box.value = "2"  # a sample id opens its record
     assert "b · line 3 · sample 2" in viewer.value and "9 9 9 &lt;end&gt;" in viewer.value

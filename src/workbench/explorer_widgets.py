@@ -32,9 +32,11 @@ def _range(app: Explorer, column: str, key: str) -> widgets.IntRangeSlider:
                                   description=f"{column.replace('_', ' ')}", layout=_WIDE, style=_STYLE)
 
 
-def _rule_options(app: Explorer) -> list[tuple[str, str | None]]:
+def _rule_options(app: Explorer) -> list[tuple[str, str]]:
+    """("any record", "") then each rule that fired, with its count ("" is shown, None is not)."""
     counts = app.findings.groupby("rule").size().sort_values(ascending=False)
-    return [("any record", None), *((f"{rule} ({count:,} records)", str(rule)) for rule, count in counts.items())]
+    return [("any record", ""), *((f"{rule} ({count:,} record{'' if count == 1 else 's'})", str(rule))
+                                   for rule, count in counts.items())]
 
 
 def _picked(values: tuple[Any, ...], every: list[Any]) -> list[Any] | None:
@@ -68,7 +70,7 @@ def controls(app: Explorer) -> widgets.VBox:
     }
     ranges = {"completion_tokens": _range(app, "completion_tokens", "completion_tokens"),
               "prompt_tokens": _range(app, "prompt_tokens", "prompt_tokens")}
-    rule = widgets.Dropdown(options=_rule_options(app), value=app.filters.get("rule"),
+    rule = widgets.Dropdown(options=_rule_options(app), value=app.filters.get("rule", ""),
                             description="validation rule", layout=_WIDE, style=_STYLE)
     search = widgets.Text(value=app.filters.get("search", ""), placeholder="text in the decoded reply",
                           description="reply contains", continuous_update=False, layout=_WIDE, style=_STYLE)
