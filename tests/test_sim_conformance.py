@@ -376,3 +376,13 @@ async def test_openai_chat_splits_reasoning_with_a_parser() -> None:
         message["reasoning_content"]
     )
     assert models["data"][0]["id"] == "sim/kimi-k2.5"
+
+
+@pytest.mark.anyio
+async def test_model_info_tokenizer_path_loads(client: httpx.AsyncClient) -> None:
+    """Clients load `tokenizer_path` (bench_serving, RuntimeEndpoint): it must be a tokenizer."""
+    import transformers  # the [test] extra carries it
+
+    info = (await client.get("/model_info")).json()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(info["tokenizer_path"])
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") == KIMI_END

@@ -5,19 +5,19 @@ Prompts go to the ranks round robin, as SGLang's data-parallel controller sends 
 
 from __future__ import annotations
 
-import importlib.resources
 import itertools
 import shlex
 import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from workbench.errors import InputError
 from workbench.profiles import get_profile
+from workbench.resources import data_dir
 from workbench.sim.cache import block_hashes
 from workbench.sim.completion import Completion, complete, reasoning_length
 from workbench.sim.config import SimConfig
@@ -318,14 +318,11 @@ def local_tokenizer_path(model_profile: str) -> str | None:
     """The example tokenizer carried with the workbench, for the profile it was made for."""
     if model_profile != "kimi-k2.5":
         return None
-    for root in (
-        Path(str(importlib.resources.files("workbench"))) / "_data",
-        Path(__file__).resolve().parents[3],
-    ):
-        folder = root / "examples" / "tokenizer"
-        if (folder / "tokenizer.json").is_file():
-            return str(folder)
-    return None
+    try:
+        folder = data_dir("examples") / "tokenizer"
+    except InputError:
+        return None
+    return str(folder) if (folder / "tokenizer.json").is_file() else None
 
 
 def _tagged(log: Callable[[str], None], tag: str, line: str) -> None:
