@@ -11,7 +11,8 @@
     │       │                       `http_status`; the runner records it, never crashes on it
     │       ├── BadRequest          HTTP 400 / 413 / 422: never retried
     │       ├── ServerBusy          408, 429, 500, 502, 503, 504: retried
-    │       ├── RequestAborted      HTTP error or 200 with finish_reason.type == "abort": retried
+    │       ├── RequestAborted      an abort (SGLang's 5xx error body, or finish_reason.type ==
+    │       │                       "abort"): retried; an abort with status 400 is a BadRequest
     │       ├── RequestTimeout      no reply within the timeout: retried
     │       ├── ConnectionLost      connection refused, reset or dropped: retried
     │       └── ProtocolError       a reply that is not SGLang's shape (HTML page, bad JSON)
@@ -29,9 +30,9 @@ __all__ = [
     "InputError",
     "LaunchError",
     "ProtocolError",
+    "ReportError",
     "RequestAborted",
     "RequestFailed",
-    "ReportError",
     "RequestTimeout",
     "ResumeMismatch",
     "ServerBusy",

@@ -127,7 +127,7 @@ def abort_response(finish: dict[str, Any]) -> Response:
 def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
     """Finished replies as JSON, or as one SSE chunk each and [DONE] for a stream."""
     if not batch.stream:
-        aborted = next((_abort_of(one) for one in replies if _abort_of(one)), None)
+        aborted = next(filter(None, map(_abort_of, replies)), None)
         if aborted is not None:
             return abort_response(aborted)
         return json_response(_shape(batch, replies))

@@ -23,7 +23,14 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["SAMPLING_FIELDS", "ContractError", "Sampling", "decode_sampling", "unexpected"]
+__all__ = [
+    "SAMPLING_FIELDS",
+    "ContractError",
+    "Sampling",
+    "decode_sampling",
+    "unexpected",
+    "verify",
+]
 
 
 class ContractError(ValueError):
@@ -235,6 +242,8 @@ def _length_violations(sampling: Sampling) -> list[str]:
             f"min_new_tokens must be in [0, max_new_tokens({sampling.max_new_tokens})], got "
             f"{sampling.min_new_tokens}."
         )
+    # The simulator's own guards (SGLang leaves these unchecked): at least one sample, and
+    # a positive chunk size.
     if sampling.n < 1:
         found.append(f"n must be at least 1, got {sampling.n}.")
     if sampling.stream_interval is not None and sampling.stream_interval < 1:
