@@ -117,6 +117,8 @@ def test_widgets_redraw_in_place_and_open_records(run: Path) -> None:
     index = [int(c[3]) for c in point.customdata].index(1)
     point._dispatch_on_click(type("Points", (), {"point_inds": [index]})(), None)
     assert "b · line 1 · sample 0" in viewer.value
+    theirs = next(t for t in scatter.data if t.name == "b (out)")
+    assert theirs.meta == "compared run" and not theirs._click_callbacks  # not this run's records
 
 
 def test_the_runs_notebook_points_at_the_run_and_the_package_notebook_is_untouched(

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from workbench import plots
+
 if TYPE_CHECKING:
     from workbench.explorer import Explorer
 
@@ -121,7 +123,7 @@ def figure(app: Explorer, build: Callable[[], go.Figure]) -> go.FigureWidget:
 
     def bind() -> None:
         for trace in widget.data:
-            if trace.customdata is not None:
+            if trace.customdata is not None and trace.meta != plots.COMPARED:  # this run's points
                 trace.on_click(on_click)
 
     def refresh() -> None:

@@ -462,6 +462,7 @@ LOG_TICKS: dict[str, Any] = {"type": "log", "dtick": 1, "tickformat": "~s",
 """A log axis ticked at powers of ten as plain numbers (1, 10, 100, 1k), unlabelled minor
 grid lines between them."""
 TRUNCATED_SYMBOL = "x"  # finish "length"; no other marker uses it
+COMPARED = "compared run"  # the `meta` of a second run's traces (their points are not this run's)
 UNCLOSED_SYMBOL = "diamond-open"  # reasoning without a think-end id
 
 
@@ -584,7 +585,7 @@ def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y:
     for name, g in _present(compare):
         shown = f"{name} ({label})"
         traces.append(go.Scatter(
-            x=_values(g[x]), y=_values(g[y]), name=shown, legendgroup=shown, mode="markers",
+            x=_values(g[x]), y=_values(g[y]), name=shown, legendgroup=shown, mode="markers", meta=COMPARED,
             marker={"color": _compare_color(colors, name), "symbol": "circle-open", "size": 6, "opacity": 0.5},
             customdata=_scatter_custom(g), hovertemplate="sample %{customdata[0]}<br>" + x + " %{x:,} · "
             + y + " %{y:,}<br>finish %{customdata[1]}<extra>" + html.escape(shown) + "</extra>"))
