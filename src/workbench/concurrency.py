@@ -37,9 +37,13 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from workbench.errors import RequestFailed
 from workbench.metrics import MetricsSnapshot, parse_metrics
+
+if TYPE_CHECKING:
+    from workbench.client import SGLangClient
 
 __all__ = [
     "AutoConcurrency",
@@ -192,17 +196,15 @@ class AutoConcurrency:
         return self._set(math.floor(self.limit * BACKOFF), at)
 
 
-async def read_servers(client: object, worker_client: Callable[[str], object],
+async def read_servers(client: SGLangClient, worker_client: Callable[[str], SGLangClient],
                        ) -> list[ServerReading] | None:
     """Every server's gauges: the server's own `/metrics`, or through an sglang-router each
     worker's; None when no server has metrics (or they cannot be read)."""
-    from workbench.errors import RequestFailed
-
     try:
-        text = await client.metrics()  # type: ignore[attr-defined]
+        text = await client.metrics()
         if text is not None:
-            return _reading(client.base_url, text)  # type: ignore[attr-defined]
-        workers = await client.workers()  # type: ignore[attr-defined]
+            return _reading(client.base_url, text)
+        workers = await client.workers()
     except RequestFailed:
         return None
     if not workers:
@@ -212,14 +214,12 @@ async def read_servers(client: object, worker_client: Callable[[str], object],
     return found or None
 
 
-async def _worker(client: object) -> list[ServerReading] | None:
-    from workbench.errors import RequestFailed
-
+async def _worker(client: SGLangClient) -> list[ServerReading] | None:
     try:
-        text = await client.metrics()  # type: ignore[attr-defined]
+        text = await client.metrics()
     except RequestFailed:
         return None
-    return None if text is None else _reading(client.base_url, text)  # type: ignore[attr-defined]
+    return None if text is None else _reading(client.base_url, text)
 
 
 def _reading(url: str, text: str) -> list[ServerReading] | None:
