@@ -2,7 +2,8 @@
 
 Everything here reads a run directory and returns plain data (pandas frames, small frozen
 dataclasses); :mod:`workbench.plots` draws them and counts nothing. The notebooks call one
-function of each per section.
+function of each per section. What reads records takes the run directory or, so that a
+report reads the run once, the result of :func:`workbench.validate.scan_run`.
 
     run_overview          the report header: run.json facts, datasets, model profile
     record_frame          one row per record: token counts, finish reason, time, and the

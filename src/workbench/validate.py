@@ -39,7 +39,13 @@ false). Per-record rules live in :class:`RecordChecker`, which the export's filt
 
 Large files are cut into byte ranges at line starts and checked by worker processes; every
 range streams its blocks, so memory stays bounded by the block size times the workers (plus
-one small entry per sample id, for the duplicate and orphan rules).
+one small entry per record: its columns, the sample id for the duplicate and orphan rules).
+
+:func:`scan_run` is that one pass over a run, keeping per record what the reports draw (the
+columns of :class:`~workbench.columns.Columns`: counts, finish reason, times, the reasoning
+split, the rules failed) next to the findings; :func:`validate_run` is its report. The scan of
+each file is cached beside it, and a file that grew is read from where the last scan stopped
+(see :mod:`workbench.columns`).
 """
 
 from __future__ import annotations
