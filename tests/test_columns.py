@@ -164,7 +164,7 @@ def test_another_profile_or_threshold_does_not_reuse_the_scan(run: Path) -> None
     qwen = scan_run(run, model_profile="qwen3")
     assert qwen.report == scan_run(run, model_profile="qwen3", cache=False).report
     assert qwen.report != kimi.report
-    assert len(list((run / "a" / CACHE_DIR).iterdir())) == 2
+    assert len(list((run / "a" / CACHE_DIR).glob("scan-*"))) == 2
     assert scan_run(run) == kimi
 
 
@@ -241,3 +241,32 @@ def test_rows_are_read_back_from_their_own_blocks(
     assert sorted(rows) == sorted(lines)
     assert all(rows[line].output_ids is not None for line in lines)
     assert len(index.blocks) > 20 and len(blocks_read) <= 4
+
+
+def test_unchanged_prompts_are_not_read_again(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.stats as stats_module
+
+    read: list[str] = []
+    read_ids, line_chunks = validate_module._read_prompt_ids, stats_module._line_chunks
+
+    def reading_ids(path: Path, *args: Any) -> Any:
+        read.append(f"ids {path.parent.name}")
+        return read_ids(path, *args)
+
+    def reading_lines(path: Path, offset: int) -> Any:
+        if path.name == "prompts.jsonl":
+            read.append(f"counts {path.parent.name}")
+        return line_chunks(path, offset)
+
+    monkeypatch.setattr(validate_module, "_read_prompt_ids", reading_ids)
+    monkeypatch.setattr(stats_module, "_line_chunks", reading_lines)
+    first = figures(scan_run(run))
+    assert sorted(read) == ["counts a", "counts b", "ids a", "ids b"]
+    read.clear()
+    assert figures(scan_run(run)) == first and read == []
+    with open(run / "a" / "prompts.jsonl", "ab") as file:
+        file.write(encode_line(PromptRecord(sample_id=500, input_ids=[1, 2, 3])))
+        file.write(b"{bad\n")
+    changed = figures(scan_run(run))
+    assert sorted(read) == ["counts a", "ids a"]
+    assert changed != first and changed == figures(run)

@@ -14,6 +14,10 @@ read again from the start. The key covers everything a figure depends on (cache 
 workbench version, model profile, vocabulary size, reasoning, examples kept), so the
 cache never changes a number. A cache that cannot be read is ignored, one that cannot be
 written is skipped; deleting the cache folder is always safe.
+
+Smaller files read whole (prompts.jsonl, written once before the requests) keep a summary
+instead (:func:`save_summary`), used while the file's identity, size and modification time
+are those it was read with.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -34,10 +38,14 @@ __all__ = [
     "CACHE_DIR",
     "Columns",
     "FileScan",
+    "Stamp",
     "Tally",
     "cache_key",
+    "file_stamp",
     "load_cached",
+    "load_summary",
     "save_cached",
+    "save_summary",
 ]
 
 CACHE_DIR = ".workbench-cache"
@@ -45,6 +53,7 @@ _FORMAT = 1
 _TAIL_BYTES = 256
 
 SampleId = int | str
+T = TypeVar("T")
 
 
 class Tally(msgspec.Struct):
@@ -203,14 +212,66 @@ def _usable(raw: Path, path: Path, key: str | None) -> tuple[FileScan, int] | No
 
 def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
     """Store scan (of raw up to the line start offset) for the next scan; best effort."""
-    path = _cache_path(raw, key)
     with contextlib.suppress(OSError):
         st = os.stat(raw)
         kept = msgspec.structs.replace(scan, torn=None)
-        data = _ENCODER.encode(
+        _write(_cache_path(raw, key), _ENCODER.encode(
             _Cached(_FORMAT, workbench.__version__, key, (st.st_dev, st.st_ino), offset,
-                    _tail(raw, offset), kept)
-        )
+                    _tail(raw, offset), kept)))
+
+
+Stamp = tuple[int, int, int, int]
+
+
+class _Summary(msgspec.Struct):
+    """One summary file: what was read of a file with this stamp."""
+
+    format: int
+    version: str
+    key: str
+    stamp: Stamp
+    value: msgspec.Raw
+
+
+def file_stamp(path: Path) -> Stamp | None:
+    """(device, inode, size, modification time) of path; None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _summary_path(path: Path, kind: str, key: str) -> Path:
+    return path.parent / CACHE_DIR / f"{kind}-{key}.msgpack"
+
+
+def load_summary(path: Path, kind: str, key: str, value_type: type[T]) -> T | None:
+    """The summary of kind saved for path as it is now, or None."""
+    try:
+        cached = msgspec.msgpack.decode(_summary_path(path, kind, key).read_bytes(),
+                                        type=_Summary)
+        if (cached.format, cached.version, cached.key) != (_FORMAT, workbench.__version__, key):
+            return None
+        if cached.stamp != file_stamp(path):
+            return None
+        return msgspec.msgpack.decode(cached.value, type=value_type)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def save_summary(path: Path, kind: str, key: str, stamp: Stamp | None, value: Any) -> None:
+    """Keep value, read from path when it had stamp (taken before reading); best effort."""
+    if stamp is None or file_stamp(path) != stamp:
+        return  # changed while read: not worth keeping
+    raw = msgspec.Raw(_ENCODER.encode(value))
+    _write(_summary_path(path, kind, key),
+           _ENCODER.encode(_Summary(_FORMAT, workbench.__version__, key, stamp, raw)))
+
+
+def _write(path: Path, data: bytes) -> None:
+    """data into path atomically; nothing when the folder cannot be written."""
+    with contextlib.suppress(OSError):
         path.parent.mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:
             file.write(data)

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
-from workbench.columns import load_cached
+from workbench.columns import Stamp, cache_key, file_stamp, load_cached, load_summary, save_summary
 from workbench.errors import DataError, InputError
 from workbench.records import (
     ERRORS_FILE,
@@ -91,6 +91,7 @@ PERCENTILES = (50, 90, 99)
 _TAIL_BYTES = 256
 _LINE_BLOCK = 8 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+_PROMPT_KEY = cache_key("prompt-counts")
 
 T = TypeVar("T")
 _SERIALS = itertools.count()
@@ -539,6 +540,19 @@ class _Prompts:
         self.tokenized = 0
         self.tokens = 0
 
+    def from_cache(self, path: Path) -> bool:
+        """Take the counts kept for path as it is now (see columns.save_summary), if any."""
+        counts = load_summary(path, "prompt-counts", _PROMPT_KEY, tuple[int, int, int])
+        if counts is None:
+            return False
+        self.lines, self.tokenized, self.tokens = counts
+        return True
+
+    def save(self, path: Path, stamp: Stamp | None) -> None:
+        """Keep the counts of the whole of path, read when it had stamp."""
+        save_summary(path, "prompt-counts", _PROMPT_KEY, stamp,
+                     (self.lines, self.tokenized, self.tokens))
+
     def add(self, data: bytes) -> None:
         counts = input_id_counts(data)
         if counts is not None:
@@ -654,9 +668,16 @@ class _Dataset:
             self.prompts = _Prompts()
         if change in ("grown", "reset"):
             cursor = self.prompts_cursor
+            whole = cursor.offset == 0
+            stamp = file_stamp(cursor.path) if whole else None
+            if whole and self.prompts.from_cache(cursor.path):
+                cursor.advance(stamp[2] if stamp else 0, 1)
+                return
             for data, offset in _guarded(cursor.path, _line_chunks(cursor.path, cursor.offset)):
                 self.prompts.add(data)
                 cursor.advance(offset, 1)
+            if whole:
+                self.prompts.save(cursor.path, stamp)
 
     def snapshot(
         self, name: str, now: float, window: float, entry: Mapping[str, Any]

@@ -65,7 +65,17 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 import msgspec
 import numpy as np
 
-from workbench.columns import Columns, FileScan, Tally, cache_key, load_cached, save_cached
+from workbench.columns import (
+    Columns,
+    FileScan,
+    Tally,
+    cache_key,
+    file_stamp,
+    load_cached,
+    load_summary,
+    save_cached,
+    save_summary,
+)
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile, get_profile
 from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, Row, iter_blocks
@@ -856,10 +866,29 @@ def _finding(
     return Finding(rule, severity, count, examples[: thresholds.max_examples], rate)
 
 
-def _read_prompts(ds: DatasetDir, thresholds: Thresholds) -> _Prompts | None:
-    if not ds.prompts_path.is_file():
+class _PromptIds(msgspec.Struct):
+    """What the rules need of prompts.jsonl, as cached (see columns.save_summary)."""
+
+    ids: list[SampleId]
+    lines: list[int]
+    tally: Tally
+
+
+def _read_prompts(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> _Prompts | None:
+    """The prompts' ids, from the cache while prompts.jsonl is unchanged, else read."""
+    path = ds.prompts_path
+    if not path.is_file():
         return None
-    return _read_prompt_ids(ds.prompts_path, thresholds.max_examples)
+    key = cache_key(thresholds.max_examples)
+    cached = load_summary(path, "prompt-ids", key, _PromptIds) if cache else None
+    if cached is not None:
+        return _Prompts(dict(zip(cached.ids, cached.lines, strict=True)), cached.tally)
+    stamp = file_stamp(path)
+    prompts = _read_prompt_ids(path, thresholds.max_examples)
+    if cache:
+        save_summary(path, "prompt-ids", key, stamp,
+                     _PromptIds(list(prompts.lines), list(prompts.lines.values()), prompts.tally))
+    return prompts
 
 
 def _dataset_report(
@@ -927,7 +956,7 @@ def scan_run(
                  for ds in run.datasets]
         jobs, owners = _plan_jobs(files, workers)
         with _job_runner(jobs, workers) as results:
-            prompts = [_read_prompts(ds, thresholds) for ds in run.datasets]  # while workers scan
+            prompts = [_read_prompts(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
             scans = _merged(results, owners, files)
         if cache:
             _save(files, scans, owners)
