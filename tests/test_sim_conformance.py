@@ -386,3 +386,24 @@ async def test_model_info_tokenizer_path_loads(client: httpx.AsyncClient) -> Non
     info = (await client.get("/model_info")).json()
     tokenizer = transformers.AutoTokenizer.from_pretrained(info["tokenizer_path"])
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") == KIMI_END
+
+
+@pytest.mark.anyio
+async def test_retracted_requests_finish_and_are_counted() -> None:
+    """A 1,708-token pool and eight requests that each grow to 400 tokens: decoding overflows
+    the pool, requests are retracted and recomputed, every one ends with its full output, and
+    meta_info.num_retractions adds up to sglang:num_retracted_requests_total."""
+    lines: list[str] = []
+    config = SimConfig(enable_metrics=True, speed=50.0, mem_fraction_static=0.022)
+    app = create_app(config, log=lines.append)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as c:
+        replies = (await c.post("/generate", json={
+            "input_ids": [prompt(seed, 100) for seed in range(8)],
+            "sampling_params": {"max_new_tokens": 300, "ignore_eos": True},
+        })).json()
+        samples = await scrape(c)
+    assert [len(one["output_ids"]) for one in replies] == [300] * 8
+    retractions = sum(one["meta_info"]["num_retractions"] for one in replies)
+    assert retractions > 0
+    assert samples[("sglang:num_retracted_requests_total", "")] == retractions
+    assert any("KV cache pool is full. Retract requests." in line for line in lines)
