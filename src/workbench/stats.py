@@ -5,7 +5,9 @@ parses only what was appended since the previous :meth:`~StatsCollector.refresh`
 that shrank, was replaced (another inode) or whose last 256 bytes before the remembered
 offset changed is read again from the start (an in-place rewrite that keeps those bytes goes
 unnoticed; writers only append). The result equals a fresh full scan at the same ``now``,
-as long as ``now`` does not go backwards between refreshes.
+as long as ``now`` does not go backwards between refreshes. A first read starts from what a
+report or ``validate`` cached beside the file (:mod:`workbench.columns`), so ``workbench
+stats`` reads only the bytes written since; an unchanged prompts.jsonl is not read again.
 
 What is counted, per dataset (``OUT/<name>/``):
 
