@@ -18,7 +18,7 @@ from workbench import explore
 from workbench.errors import ConfigError, InputError
 from workbench.explorer import Explorer
 from workbench.lab import explorer_notebook, set_parameters
-from workbench.reports import notebook_parameters
+from workbench.reports import load_parameters, notebook_parameters
 
 
 @pytest.fixture
@@ -165,3 +165,10 @@ def test_sample_id_zero_and_cleared_filters(run: Path) -> None:
     app = Explorer(run, interactive=False, filters={"sample_id": 0, "dataset": "a", "unclosed": False})
     assert app.filters == {"sample_id": 0, "dataset": "a"} and app.selected["line"].tolist() == [1]
     assert len(app.update(sample_id=None, dataset=[])) == 9 and app.filters == {}
+
+
+def test_compare_run_dir_is_a_path_relative_to_the_parameter_file(tmp_path: Path) -> None:
+    params = tmp_path / "p.yaml"
+    params.write_text("compare_run_dir: ../other\n")
+    values = load_parameters(ROOT / "notebooks" / "explore.ipynb", params)
+    assert values == {"compare_run_dir": str((tmp_path / ".." / "other").resolve())}

@@ -72,7 +72,7 @@ DATA_MIME = "application/vnd.workbench.data+json"
 REPORT_ENV = "WORKBENCH_REPORT"  # "1" in the kernels executing reports: figures inline plotly.js
 REPORTS = ("token_distribution", "format_validation", "explore")
 DEMO_REPORTS = ("token_distribution", "format_validation")
-PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params")
+PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params", "compare_run_dir")
 DEFAULT_OUT = Path("outputs/reports")
 _TYPE_NAMES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
                                "list": list, "dict": dict, "Any": Any}
