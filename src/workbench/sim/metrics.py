@@ -155,6 +155,9 @@ class SimMetrics:
             [*self._labels, "cache_source"],
             registry=registry,
         )
+        # SGLang creates a source's series at its first cache hit; the device one is created
+        # at start here, so readers see 0 rather than nothing before the first hit.
+        self.cached_tokens.labels(**self._labels, cache_source="device")
         self.aborted = Counter(
             "sglang:num_aborted_requests",
             "Number of requests aborted.",
