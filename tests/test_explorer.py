@@ -114,7 +114,7 @@ def test_widgets_redraw_in_place_and_open_records(run: Path) -> None:
     assert len(app.selected) == 1
     sample_box.value = ""
     point = next(t for t in scatter.data if t.name == "b")
-    index = [int(c[3]) for c in point.customdata].index(1)
+    index = [int(line) for line in point.customdata].index(1)
     point._dispatch_on_click(type("Points", (), {"point_inds": [index]})(), None)
     assert "b · line 1 · sample 0" in viewer.value
     theirs = next(t for t in scatter.data if t.name == "b (out)")

@@ -185,7 +185,8 @@ def test_figures_have_a_trace_per_dataset_and_labelled_axes(frame: pd.DataFrame,
     assert caps == ["max_new_tokens 8<br>a", "max_new_tokens 16<br>b"]
     assert figures[0].data[0].line.color == figures[1].data[0].line.color == plots.PALETTE[0]
     assert [b.label for b in figures[3].layout.updatemenus[0].buttons] == ["all datasets", "a", "b"]
-    assert "&lt;script&gt;" in json.dumps([[list(map(str, c)) for c in t.customdata] for t in figures[2].data[:2]])
+    assert "&lt;script&gt;" in json.dumps([list(t.hovertext) for t in figures[2].data[:2]])
+    assert sorted(int(line) for t in figures[2].data[:2] for line in t.customdata) == [1, 2, 3, 4]
 
 
 def test_log_axes_tick_powers_of_ten_as_plain_numbers(frame: pd.DataFrame) -> None:

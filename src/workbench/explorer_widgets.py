@@ -101,9 +101,8 @@ def controls(app: Explorer) -> widgets.VBox:
 
 def _clicked(app: Explorer) -> Callable[[Any, Any, Any], None]:
     def opened(trace: Any, points: Any, _state: Any) -> None:
-        if points.point_inds and trace.customdata is not None:
-            _, _, dataset, line = trace.customdata[points.point_inds[0]]
-            app.open(str(dataset), int(line))
+        if points.point_inds and trace.customdata is not None:  # a trace is one dataset's points
+            app.open(str(trace.legendgroup), int(trace.customdata[points.point_inds[0]]))
 
     return opened
 

@@ -474,7 +474,7 @@ def _log_axis(fig: go.Figure, log: bool, *, y: bool = False, **where: Any) -> No
 
 
 def _split_markers(g: pd.DataFrame, mask: pd.Series, *, name: str, color: str, symbol: str,
-                   x: str, y: str, hover: str, custom: Any) -> list[go.Scatter]:
+                   x: str, y: str, hover: str) -> list[go.Scatter]:
     """One dataset's points as two traces of one legend group: circles (the legend entry,
     drawn even when empty) and the points of `mask` in `symbol` (never in the legend, so
     the dataset's legend marker is always a circle)."""
@@ -487,7 +487,7 @@ def _split_markers(g: pd.DataFrame, mask: pd.Series, *, name: str, color: str, s
         traces.append(go.Scatter(
             x=_values(rows[x]), y=_values(rows[y]), name=name, legendgroup=name, showlegend=part == "circle",
             mode="markers", marker={"color": color, "symbol": part, "size": 6, "opacity": 0.7},
-            customdata=custom(rows), hovertemplate=hover))
+            hovertemplate=hover, **_point_data(rows)))
     return traces
 
 
@@ -565,13 +565,13 @@ def _hover_ids(values: Iterable[object]) -> list[str]:
     return [html.escape(str(v)) for v in values]
 
 
-def _scatter_custom(rows: pd.DataFrame) -> np.ndarray:
-    """Per point, as text: sample id (escaped), finish reason, dataset, line (the record's
-    address). One string array: plotly takes it whole and copies it as one block, where
-    nested lists are checked and copied item by item."""
-    columns = [_hover_ids(rows["sample_id"]), rows["finish_reason"].astype(str).to_numpy(),
-               rows["dataset"].astype(str).to_numpy(), rows["line"].to_numpy(dtype="int64")]
-    return np.column_stack([np.asarray(c, dtype=str) for c in columns]) if len(rows) else np.empty((0, 4), str)
+def _point_data(rows: pd.DataFrame) -> dict[str, Any]:
+    """A trace's per-point data: ``customdata`` the record's line (its dataset is the trace's
+    legendgroup), ``hovertext`` its sample id (escaped) and finish reason. Flat arrays, which
+    plotly takes and copies whole (nested lists are checked and copied item by item)."""
+    ids = pd.Series(_hover_ids(rows["sample_id"]), index=rows.index, dtype=object)
+    text = "sample " + ids + "<br>finish " + rows["finish_reason"].astype(str).astype(object)
+    return {"customdata": rows["line"].to_numpy(dtype="int64"), "hovertext": text.to_numpy(dtype=object)}
 
 
 def _values(column: pd.Series) -> np.ndarray:
@@ -587,8 +587,8 @@ def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y:
         traces.append(go.Scatter(
             x=_values(g[x]), y=_values(g[y]), name=shown, legendgroup=shown, mode="markers", meta=COMPARED,
             marker={"color": _compare_color(colors, name), "symbol": "circle-open", "size": 6, "opacity": 0.5},
-            customdata=_scatter_custom(g), hovertemplate="sample %{customdata[0]}<br>" + x + " %{x:,} · "
-            + y + " %{y:,}<br>finish %{customdata[1]}<extra>" + html.escape(shown) + "</extra>"))
+            hovertemplate="%{hovertext}<br>" + x + " %{x:,} · " + y + " %{y:,}<extra>"
+            + html.escape(shown) + "</extra>", **_point_data(g)))
     return traces
 
 
@@ -597,17 +597,15 @@ def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_
                    title: str = "Prompt tokens against completion tokens (sample)",
                    compare: pd.DataFrame | None = None, compare_label: str = "run B") -> go.Figure:
     """Sampled records, columns x against y; truncated ones (finish length) drawn as crosses.
-    Each point carries [sample id, finish reason, dataset, line] as customdata. A second
+    Each point carries its record's line as customdata (see _point_data). A second
     run's sample (`compare`) is drawn as open circles in the same colours."""
     if sample.empty and (compare is None or compare.empty):
         return _empty(title, "no records")
     colors, fig = _colors(sample), go.Figure()
     for name, g in _present(sample):
-        hover = ("sample %{customdata[0]}<br>" + x + " %{x:,} · " + y + " %{y:,}"
-                 "<br>finish %{customdata[1]}<extra>" + html.escape(name) + "</extra>")
+        hover = "%{hovertext}<br>" + x + " %{x:,} · " + y + " %{y:,}<extra>" + html.escape(name) + "</extra>"
         fig.add_traces(_split_markers(g, g["finish_reason"] == "length", name=name, color=colors[name],
-                                      symbol=TRUNCATED_SYMBOL, x=x, y=y, hover=hover,
-                                      custom=_scatter_custom))
+                                      symbol=TRUNCATED_SYMBOL, x=x, y=y, hover=hover))
     if compare is not None:
         fig.add_traces(_compare_points(compare, colors, x, y, compare_label))
     if (sample["finish_reason"] == "length").any():
@@ -643,11 +641,10 @@ def reasoning_figure(summary: pd.DataFrame, sample: pd.DataFrame,
     colors = _colors(sample)
     split = sample[sample["closed"].notna()]
     for name, g in _present(split):
-        hover = ("sample %{customdata[0]}<br>reasoning %{x:,} · answer %{y:,}<extra>"
-                 + html.escape(name) + "</extra>")
+        hover = "%{hovertext}<br>reasoning %{x:,} · answer %{y:,}<extra>" + html.escape(name) + "</extra>"
         fig.add_traces(_split_markers(g, g["closed"].eq(False), name=name, color=colors[name],
                                       symbol=UNCLOSED_SYMBOL, x="reasoning_tokens", y="answer_tokens",
-                                      hover=hover, custom=_scatter_custom), rows=1, cols=2)
+                                      hover=hover), rows=1, cols=2)
     if split["closed"].eq(False).any():
         fig.add_trace(_symbol_key(UNCLOSED_SYMBOL, "no think-end id"), row=1, col=2)
     fig.update_layout(title={"text": title}, barmode="stack", height=500,
