@@ -149,3 +149,32 @@ def test_auto_steers_from_the_simulators_metrics(tmp_path: Path) -> None:
     assert len(caps) >= 2 and caps[0] == 32
     # 8 run, the rest queue: the cap heads for 8 plus a queue of 8 (first step: (32 + 16) / 2)
     assert min(caps[1:]) <= 24
+
+
+@pytest.mark.integration
+def test_without_metrics_auto_climbs_on_throughput(tmp_path: Path) -> None:
+    from conftest import EXAMPLES, write_manifest
+    from workbench.client import SGLangClient
+    from workbench.config import load_manifest
+    from workbench.demo import start_simulator
+    from workbench.runner import GenerateOptions, run_generation
+
+    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0})
+    try:
+        manifest = load_manifest(write_manifest(tmp_path, [{
+            "name": "ids", "path": str(EXAMPLES / "data" / "pretokenized.jsonl"), "input": "input_ids"}]))
+        events: list[str] = []
+
+        async def go() -> None:
+            async with SGLangClient(server.url) as client:
+                await run_generation(manifest, client, tmp_path / "out",
+                                     GenerateOptions(auto_interval=0.2, progress_interval=0.5),
+                                     on_event=events.append)
+        asyncio.run(go())
+    finally:
+        server.stop()
+    record = json.loads((tmp_path / "out" / "run.json").read_text())["concurrency"]
+    assert record["mode"] == "throughput"
+    assert any("/metrics is off" in e for e in events)
+    ids = [json.loads(line)["sample_id"] for line in (tmp_path / "out/ids/raw_responses.jsonl").open()]
+    assert len(ids) == len(set(ids)) == 300
