@@ -178,3 +178,12 @@ def test_without_metrics_auto_climbs_on_throughput(tmp_path: Path) -> None:
     assert any("/metrics is off" in e for e in events)
     ids = [json.loads(line)["sample_id"] for line in (tmp_path / "out/ids/raw_responses.jsonl").open()]
     assert len(ids) == len(set(ids)) == 300
+
+
+def test_a_dip_in_running_requests_does_not_pull_the_cap_down() -> None:
+    """A KV-bound server runs fewer requests as they grow and refills when they finish: the
+    cap follows the recent peak, so the queue can refill it."""
+    auto = AutoConcurrency(limit=48)
+    for t, running in enumerate([40, 40, 26, 22, 40, 24, 38, 23, 40, 25]):
+        limit = auto.on_readings([reading(running, 20)], in_use=limit if t else 48, at=t)
+    assert limit >= 40 + QUEUE_MIN

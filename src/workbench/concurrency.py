@@ -12,9 +12,12 @@ metrics     The servers' `/metrics` (through an sglang-router: every worker's ow
               a server with an empty queue (not saturated)
                   -> grow the cap by `GROW` (when the cap is in use: more prompts to send)
               every server queued
-                  -> cap = sum(running + queue target), the queue target being
-                     max(QUEUE_MIN, QUEUE_SHARE * running): the queue stays non-empty but
-                     bounded by that target
+                  -> cap = sum(peak + queue target) over the servers, `peak` being the
+                     most requests a server ran in its last `PEAK_READINGS` readings (a
+                     KV-bound server runs fewer as its requests grow, and more once they
+                     finish: the queue must refill it then) and the queue target
+                     max(QUEUE_MIN, QUEUE_SHARE * peak): the queue stays non-empty but
+                     bounded by about that target above the peak
               retractions since the last reading on more than `RETRACT_SHARE` of the
               running requests
                   -> shrink the target by `BACKOFF` and hold growth for `HOLD` readings
@@ -62,6 +65,7 @@ QUEUE_SHARE = 0.25
 RETRACT_SHARE = 0.02
 BACKOFF = 0.7
 HOLD = 3
+PEAK_READINGS = 10
 GAIN = 0.03
 MIN_WINDOW_REQUESTS = 8
 
@@ -132,6 +136,7 @@ class AutoConcurrency:
     history: list[tuple[float, int]] = field(default_factory=list)
     _hold: int = 0
     _retracted: dict[str, float] = field(default_factory=dict)
+    _running: dict[str, deque[float]] = field(default_factory=dict)
     _best: tuple[float, int] | None = None  # throughput mode: (tok/s, cap)
 
     def start(self, at: float) -> int:
@@ -152,14 +157,19 @@ class AutoConcurrency:
             self._hold = HOLD
             return self._set(math.floor(self.limit * BACKOFF), at)
         self._hold = max(0, self._hold - 1)
+        peaks = {r.url: self._peak(r) for r in readings}
         starved = [r for r in readings if r.queued < 1]
         if starved:
             busy = in_use >= 0.9 * self.limit
             grow = busy and self._hold == 0
             return self._set(math.ceil(self.limit * GROW) if grow else self.limit, at)
-        target = sum(r.running + max(QUEUE_MIN, math.ceil(QUEUE_SHARE * r.running))
-                     for r in readings)
+        target = sum(peak + max(QUEUE_MIN, math.ceil(QUEUE_SHARE * peak)) for peak in peaks.values())
         return self._set(round((self.limit + target) / 2), at)
+
+    def _peak(self, reading: ServerReading) -> float:
+        recent = self._running.setdefault(reading.url, deque(maxlen=PEAK_READINGS))
+        recent.append(reading.running)
+        return max(recent)
 
     def _over_admitted(self, readings: Sequence[ServerReading]) -> bool:
         over = False
