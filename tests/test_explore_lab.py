@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 from browser import chromium_path
 from conftest import EXAMPLES, ROOT, generate_run
+from playwright import sync_api as playwright  # the test extra installs it
 
 from workbench.explore import record_detail
 from workbench.launch import find_free_port, group_members
 
 pytestmark = pytest.mark.integration
-playwright = pytest.importorskip("playwright.sync_api", reason="the test extra installs playwright")
 
-TIMEOUT_MS = int(os.environ.get("WB_T", "240000"))  # a cold kernel and first imports on two busy cores
+TIMEOUT_MS = 240_000  # a cold kernel and first imports on two busy cores
 
 
 def _digests(folder: Path) -> dict[str, str]:
