@@ -104,7 +104,7 @@ def restore(root: Path) -> None:
         raw = root / name / FILES[0]
         if raw.stat().st_size != size:
             os.truncate(raw, size)
-        shutil.rmtree(root / name / CACHE_DIR, ignore_errors=True)
+    drop_caches(root)
 
 
 def tiny_run(folder: Path) -> Path:
@@ -173,7 +173,14 @@ def json_loop(root: Path) -> None:
 
 
 def stats_scan(root: Path) -> None:
+    """A full scan, as on a run no report has read yet (no scan or prompts cached)."""
+    drop_caches(root)
     StatsCollector(root).refresh()
+
+
+def drop_caches(root: Path) -> None:
+    for folder in root.glob(f"*/{CACHE_DIR}"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def stats_rates(root: Path, repeat: int) -> dict[str, float]:
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"validate data cost: {validate_cost[0]:.1f}s wall, {validate_cost[1]:.1f}s CPU "
               f"({run_mb(run):.0f} MB run)")
         rows = []
-        for name in args.reports.split(","):
+        for name in filter(None, args.reports.split(",")):
             report_seconds(name, tiny, out)  # warms up
             base = _least([report_cost(name, tiny, out) for _ in range(args.repeat)])
             firsts, grown, added = [], [], 0
