@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -74,6 +75,18 @@ def _output_ids(rng: np.random.Generator, count: int, stopped: bool) -> list[int
         ids[-1] = _PROFILE.end_ids[0]
     listed: list[int] = ids.tolist()
     return listed
+
+
+def best_seconds(
+    action: Callable[[], object], repeat: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """The least time, by clock, that one of repeat calls of action took."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = clock()
+        action()
+        best = min(best, clock() - start)
+    return best
 
 
 def dumps_line(record: Record) -> bytes:

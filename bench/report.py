@@ -35,12 +35,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from common import DATA_DIR, MB, STYLES, iter_records
+from common import DATA_DIR, MB, STYLES, best_seconds, iter_records
 
 from workbench.columns import CACHE_DIR
 from workbench.records import ErrorRecord, PromptRecord
@@ -148,16 +147,6 @@ def run_mb(root: Path) -> float:
 # --- timing ----------------------------------------------------------------------------------
 
 
-def seconds(action: Callable[[], object], repeat: int = 1) -> float:
-    """The best of repeat timed calls."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def raw_read(root: Path) -> None:
     for path in run_files(root):
         with open(path, "rb") as file:
@@ -190,7 +179,7 @@ def stats_rates(root: Path, repeat: int) -> dict[str, float]:
     rates = {}
     for label, action in (("raw read", raw_read), ("json.loads loop", json_loop),
                           ("stats scan", stats_scan)):
-        rates[label] = size / seconds(lambda f=action: f(root), repeat)
+        rates[label] = size / best_seconds(lambda f=action: f(root), repeat)
         rates[f"{label} (CPU)"] = size / cpu_cost(lambda f=action: f(root), repeat)
     return rates
 
@@ -205,12 +194,7 @@ def cpu_seconds() -> float:
 
 def cpu_cost(action: Callable[[], object], repeat: int = 1) -> float:
     """The least CPU time of repeat calls."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = cpu_seconds()
-        action()
-        best = min(best, cpu_seconds() - start)
-    return best
+    return best_seconds(action, repeat, cpu_seconds)
 
 
 def report_cost(name: str, run: Path, out: Path) -> tuple[float, float]:
@@ -316,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
         tiny, out = tiny_run(Path(scratch) / "tiny"), Path(scratch) / "reports"
         validate = [
-            (seconds(lambda r=r: validate_run(r, workers=args.workers, cache=False), args.repeat),
+            (best_seconds(lambda r=r: validate_run(r, workers=args.workers, cache=False), args.repeat),
              cpu_cost(lambda r=r: validate_run(r, workers=args.workers, cache=False), args.repeat))
             for r in (run, tiny)]
         validate_cost = (validate[0][0] - validate[1][0], validate[0][1] - validate[1][1])

@@ -26,10 +26,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from common import DATA_DIR, MB, iter_records
+from common import DATA_DIR, MB, best_seconds, iter_records
 
 from workbench.records import ErrorRecord, PromptRecord, encode_line
 from workbench.stats import StatsCollector
@@ -106,15 +105,6 @@ def tree_bytes(root: Path) -> int:
 
 
 # --- timed scans -----------------------------------------------------------------------------
-
-
-def best_seconds(scan: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        scan()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def json_baseline(root: Path) -> int:

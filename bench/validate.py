@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from common import DATA_DIR, MB, records_file
+from common import DATA_DIR, MB, best_seconds, records_file
 
 from workbench.records import (
     PROMPTS_FILE,
@@ -72,15 +70,6 @@ def read_only(run: Path) -> None:
     for _ in iter_blocks(run / DATASET / RAW_FILE, with_output_ids=True,
                          block_bytes=SCAN_BLOCK_BYTES):
         pass
-
-
-def best_seconds(action: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:
