@@ -90,11 +90,11 @@ class Window:
 
 
 async def point(manifest: Path, out: Path, url: str, speed: float, concurrency: int | str,
-                warmup: float, window: float) -> tuple[float, Window]:
+                warmup: float, window: float, auto_interval: float) -> tuple[float, Window]:
     async with SGLangClient(url) as client:
         runner = Runner(load_manifest(manifest), client, out,
                         GenerateOptions(concurrency=concurrency, progress_interval=3600,
-                                        long_threshold=100_000, auto_interval=max(0.1, 2.0 / speed * 5),
+                                        long_threshold=100_000, auto_interval=auto_interval,
                                         grace_period=0.1, seed=0))
         runner.load()
         runner.open(await client.server_info(), {})
@@ -116,7 +116,7 @@ def phase(name: str, args: dict[str, Any], work: Path, manifest: Path,
         server = start(args, opts.speed, work / f"{name}-{c}.log")
         try:
             tok_s, meter = asyncio.run(point(manifest, work / f"{name}-{c}", server.url, opts.speed, c,
-                                             opts.warmup, opts.window))
+                                             opts.warmup, opts.window, opts.auto_interval))
         finally:
             server.stop()
         results[str(c)] = tok_s
@@ -142,7 +142,7 @@ async def restarted(manifest: Path, work: Path, opts: argparse.Namespace) -> tup
         async with SGLangClient(first.url) as client:
             runner = Runner(load_manifest(manifest), client, out,
                             GenerateOptions(concurrency="auto", progress_interval=3600,
-                                            long_threshold=100_000, auto_interval=max(0.1, 10.0 / opts.speed),
+                                            long_threshold=100_000, auto_interval=opts.auto_interval,
                                             seed=0, max_samples=opts.restart_samples))
             runner.load()
             runner.open(await client.server_info(), {})
@@ -158,7 +158,8 @@ async def restarted(manifest: Path, work: Path, opts: argparse.Namespace) -> tup
     finally:
         first.stop()
     ids, duplicates = read_sample_ids(out / "load" / "raw_responses.jsonl")
-    whole = ids == set(range(opts.restart_samples)) and not duplicates
+    expected = {json.loads(line)["sample_id"] for line in (out / "load" / "prompts.jsonl").open()}
+    whole = ids == expected and len(expected) == opts.restart_samples and not duplicates
     return before, after, whole
 
 
@@ -168,7 +169,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=300.0, help="model seconds before the window")
     parser.add_argument("--window", type=float, default=600.0, help="model seconds measured")
     parser.add_argument("--concurrency", default="16,32,64,128,256,512,1024")
-    parser.add_argument("--restart-samples", type=int, default=1500)
+    parser.add_argument("--restart-samples", type=int, default=3000,
+                        help="the restart run's dataset (enough to last both windows)")
+    parser.add_argument("--auto-interval", type=float, default=0.5,
+                        help="wall seconds between auto's readings of /metrics")
     opts = parser.parse_args()
     opts.concurrency = [int(c) for c in opts.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
