@@ -53,7 +53,7 @@ def test_an_empty_queue_grows_the_cap_while_it_is_used() -> None:
 def test_a_queued_server_gets_its_running_plus_a_bounded_queue() -> None:
     auto = AutoConcurrency(limit=400)
     limits = [auto.on_readings([reading(27, 300)], in_use=400, at=t) for t in range(12)]
-    assert limits[-1] in (27 + QUEUE_MIN, 27 + QUEUE_MIN + 1)  # 27 running, a queue of 8 (25%: 7)
+    assert limits[-1] in (27 + 14, 27 + 14 + 1)  # 27 running, a queue of half of them (14)
     assert limits == sorted(limits, reverse=True)  # converges from above without jumps
     assert [t for t, _ in auto.history] == sorted(t for t, _ in auto.history)
 
@@ -63,10 +63,10 @@ def test_every_worker_behind_a_router_counts() -> None:
     for t in range(15):
         limit = auto.on_readings([reading(100, 30, "http://a"), reading(100, 12, "http://b")],
                                  in_use=200, at=t)
-    assert limit == 2 * (100 + 25)  # each: its running plus a queue of a quarter of them
+    assert limit == 2 * (100 + 50)  # each: its running plus a queue of half of them
     grown = auto.on_readings([reading(100, 30, "http://a"), reading(60, 0, "http://b")],
-                             in_use=250, at=20)
-    assert grown > 250  # one worker starved
+                             in_use=300, at=20)
+    assert grown > 300  # one worker starved
 
 
 def test_retractions_and_errors_back_off_and_hold_growth() -> None:
