@@ -20,15 +20,16 @@ metrics     The servers' `/metrics` (through an sglang-router: every worker's ow
                      bounded by about that target above the peak
               retractions since the last reading on more than `RETRACT_SHARE` of the
               running requests
-                  -> shrink the target by `BACKOFF` and hold growth for `HOLD` readings
+                  -> shrink the cap by `BACKOFF` and hold growth for `HOLD` readings
 
 throughput  `/metrics` is off (404) or unreadable: hill-climb on the output tokens per
             second of finished requests: grow by `GROW` while a window is at least
             `GAIN` better than the best so far, else go back to the best cap and hold; probe
             again after `HOLD` windows.
 
-In both modes a failed request that the server caused (timeout, 5xx, 429, abort, lost
-connection) shrinks the cap by `BACKOFF` and holds growth. Every change of the cap is kept in
+In both modes a failed request that the server caused (timeout, 5xx, 429, abort) shrinks the
+cap by `BACKOFF` and holds growth (a lost connection pauses the whole run instead, see
+`workbench.runner`). Every change of the cap is kept in
 `history` as (seconds since start, cap) for run.json and the progress line.
 """
 
