@@ -73,7 +73,7 @@ def test_retractions_and_errors_back_off_and_hold_growth() -> None:
     auto = AutoConcurrency(limit=100)
     auto.on_readings([reading(90, 10, retracted=0)], in_use=100, at=0)
     backed = auto.on_readings([reading(90, 10, retracted=20)], in_use=100, at=1)
-    assert backed < 95
+    assert backed == 90 + QUEUE_MIN  # a short queue on top of what runs
     assert auto.on_readings([reading(60, 0, retracted=20)], in_use=backed, at=2) == backed  # held
     assert auto.on_error(at=3) < backed
 

@@ -20,7 +20,8 @@ metrics     The servers' `/metrics` (through an sglang-router: every worker's ow
                      bounded by about that target above the peak
               retractions since the last reading on more than `RETRACT_SHARE` of the
               running requests
-                  -> shrink the cap by `BACKOFF` and hold growth for `HOLD` readings
+                  -> a short queue: cap = running + QUEUE_MIN per server (never more than
+                     now), and hold growth for `HOLD` readings
 
 throughput  `/metrics` is off (404) or unreadable: hill-climb on the output tokens per
             second of finished requests: grow by `GROW` while a window is at least
@@ -156,7 +157,8 @@ class AutoConcurrency:
         self.mode = "metrics"
         if self._over_admitted(readings):
             self._hold = HOLD
-            return self._set(math.floor(self.limit * BACKOFF), at)
+            short = sum(r.running for r in readings) + QUEUE_MIN * len(readings)
+            return self._set(min(self.limit, math.ceil(short)), at)
         self._hold = max(0, self._hold - 1)
         peaks = {r.url: self._peak(r) for r in readings}
         starved = [r for r in readings if r.queued < 1]
