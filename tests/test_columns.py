@@ -270,3 +270,16 @@ def test_unchanged_prompts_are_not_read_again(run: Path, monkeypatch: pytest.Mon
     changed = figures(scan_run(run))
     assert sorted(read) == ["counts a", "ids a"]
     assert changed != first and changed == figures(run)
+
+
+def test_ids_past_64_bits_are_read_without_a_cache(tmp_path: Path) -> None:
+    folder = tmp_path / "out" / "d"
+    folder.mkdir(parents=True)
+    huge = [-(2**63) - 1, 2**64]
+    (folder / "raw_responses.jsonl").write_bytes(b"".join(encode_line(record(0)).replace(
+        b'"sample_id":0', b'"sample_id":%d' % sid) for sid in huge))
+    (folder / "prompts.jsonl").write_bytes(b'{"sample_id": %d, "input_ids": [1]}\n' % huge[0])
+    first, again = scan_run(tmp_path / "out", workers=1), scan_run(tmp_path / "out", workers=1)
+    assert first.report.to_builtins() == again.report.to_builtins()
+    assert first.report.to_builtins()["datasets"]["d"]["records"] == 2
+    assert collect_stats(tmp_path / "out").datasets["d"].records == 2

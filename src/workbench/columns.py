@@ -212,7 +212,7 @@ def _usable(raw: Path, path: Path, key: str | None) -> tuple[FileScan, int] | No
 
 def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
     """Store scan (of raw up to the line start offset) for the next scan; best effort."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, OverflowError):  # ids past 64 bits: not cached
         st = os.stat(raw)
         kept = msgspec.structs.replace(scan, torn=None)
         _write(_cache_path(raw, key), _ENCODER.encode(
@@ -264,7 +264,10 @@ def save_summary(path: Path, kind: str, key: str, stamp: Stamp | None, value: An
     """Keep value, read from path when it had stamp (taken before reading); best effort."""
     if stamp is None or file_stamp(path) != stamp:
         return  # changed while read: not worth keeping
-    raw = msgspec.Raw(_ENCODER.encode(value))
+    try:
+        raw = msgspec.Raw(_ENCODER.encode(value))
+    except OverflowError:
+        return  # an id past 64 bits (msgpack's range): read again next time
     _write(_summary_path(path, kind, key),
            _ENCODER.encode(_Summary(_FORMAT, workbench.__version__, key, stamp, raw)))
 
