@@ -7,6 +7,9 @@ import json
 import random
 from pathlib import Path
 
+import pandas as pd
+
+from workbench.columns import CACHE_DIR
 from workbench.plots import subset_lengths_figure, subset_view
 from workbench.subset import compare_subsets
 
@@ -51,3 +54,17 @@ def test_a_random_subset_is_fair(tmp_path: Path) -> None:
     curves = result.length_curves
     assert set(curves["group"]) == {"whole", "sent"} and curves["fraction"].max() == 1.0
     assert len(subset_lengths_figure(curves).data) == 2
+
+
+def test_prompt_lengths_are_kept_while_prompts_are_unchanged(tmp_path: Path) -> None:
+    plant_run(tmp_path, sent=list(range(0, 600, 5)))
+    first = compare_subsets(tmp_path / "run")
+    prompts = tmp_path / "run" / "A" / "prompts.jsonl"
+    assert list((prompts.parent / CACHE_DIR).glob("prompt-lengths-*"))
+    again = compare_subsets(tmp_path / "run")
+    pd.testing.assert_frame_equal(first.lengths, again.lengths)
+    pd.testing.assert_frame_equal(first.length_curves, again.length_curves)
+    # a rewritten prompts file is read again, never answered from the kept lengths
+    prompts.write_text("".join(json.dumps({"sample_id": i, "input_ids": [5] * 3}) + "\n"
+                               for i in range(600)))
+    assert compare_subsets(tmp_path / "run").lengths.iloc[0].mean_whole == 3

@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from workbench.columns import cache_key, file_stamp, load_summary, save_summary
 from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, read_sample_ids
 
 __all__ = ["SOURCE_FIELDS", "SubsetComparison", "compare_subsets"]
@@ -99,9 +100,29 @@ def _run_datasets(root: Path) -> dict[str, Mapping[str, Any]]:
 
 
 def _prompt_lengths(path: Path) -> dict[int | str, int]:
-    """sample_id -> prompt tokens (text prompts: characters / TEXT_CHARS_PER_TOKEN)."""
+    """sample_id -> prompt tokens (text prompts: characters / TEXT_CHARS_PER_TOKEN), kept
+    beside the file while it is unchanged (prompts.jsonl is written once, before the replies)."""
     if not path.exists():
         return {}
+    cached = load_summary(path, "prompt-lengths", _LENGTHS_KEY, _Lengths)
+    if cached is not None:
+        return dict(zip(cached.ids, cached.lengths, strict=True))
+    stamp = file_stamp(path)
+    found = _read_prompt_lengths(path)
+    save_summary(path, "prompt-lengths", _LENGTHS_KEY, stamp,
+                 _Lengths(list(found), list(found.values())))
+    return found
+
+
+class _Lengths(msgspec.Struct):
+    ids: list[int | str]
+    lengths: list[int]
+
+
+_LENGTHS_KEY = cache_key("prompt-lengths", TEXT_CHARS_PER_TOKEN)
+
+
+def _read_prompt_lengths(path: Path) -> dict[int | str, int]:
     decoder = msgspec.json.Decoder(_Prompt)
     found: dict[int | str, int] = {}
     with path.open("rb") as fh:
