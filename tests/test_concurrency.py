@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -118,20 +119,20 @@ async def test_read_servers_through_a_router_reads_each_worker() -> None:
     assert found is not None and sorted(r.running for r in found) == [5, 7]
 
 
-@pytest.mark.integration
-def test_auto_steers_from_the_simulators_metrics(tmp_path: Path) -> None:
+def _auto_run(tmp_path: Path, sim: dict[str, Any], dataset: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Generate the pretokenized examples with `auto` on a simulator: run.json's concurrency
+    record and the runner's events."""
     from conftest import EXAMPLES, write_manifest
     from workbench.client import SGLangClient
     from workbench.config import load_manifest
     from workbench.demo import start_simulator
     from workbench.runner import GenerateOptions, run_generation
 
-    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0,
-                                                    "enable_metrics": True, "max_running_requests": 8})
+    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0, **sim})
     try:
         manifest = load_manifest(write_manifest(tmp_path, [{
             "name": "ids", "path": str(EXAMPLES / "data" / "pretokenized.jsonl"), "input": "input_ids",
-            "max_samples": 300}]))
+            **dataset}]))
         events: list[str] = []
 
         async def go() -> None:
@@ -142,7 +143,13 @@ def test_auto_steers_from_the_simulators_metrics(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         server.stop()
-    record = json.loads((tmp_path / "out" / "run.json").read_text())["concurrency"]
+    return json.loads((tmp_path / "out" / "run.json").read_text())["concurrency"], events
+
+
+@pytest.mark.integration
+def test_auto_steers_from_the_simulators_metrics(tmp_path: Path) -> None:
+    record, events = _auto_run(tmp_path, {"enable_metrics": True, "max_running_requests": 8},
+                               {"max_samples": 300})
     assert record["setting"] == "auto" and record["mode"] == "metrics"
     assert any("steering on the servers' /metrics" in e for e in events)
     caps = [cap for _, cap in record["history"]]
@@ -153,27 +160,7 @@ def test_auto_steers_from_the_simulators_metrics(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_without_metrics_auto_climbs_on_throughput(tmp_path: Path) -> None:
-    from conftest import EXAMPLES, write_manifest
-    from workbench.client import SGLangClient
-    from workbench.config import load_manifest
-    from workbench.demo import start_simulator
-    from workbench.runner import GenerateOptions, run_generation
-
-    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0})
-    try:
-        manifest = load_manifest(write_manifest(tmp_path, [{
-            "name": "ids", "path": str(EXAMPLES / "data" / "pretokenized.jsonl"), "input": "input_ids"}]))
-        events: list[str] = []
-
-        async def go() -> None:
-            async with SGLangClient(server.url) as client:
-                await run_generation(manifest, client, tmp_path / "out",
-                                     GenerateOptions(auto_interval=0.2, progress_interval=0.5),
-                                     on_event=events.append)
-        asyncio.run(go())
-    finally:
-        server.stop()
-    record = json.loads((tmp_path / "out" / "run.json").read_text())["concurrency"]
+    record, events = _auto_run(tmp_path, {}, {})
     assert record["mode"] == "throughput"
     assert any("/metrics is off" in e for e in events)
     ids = [json.loads(line)["sample_id"] for line in (tmp_path / "out/ids/raw_responses.jsonl").open()]

@@ -41,6 +41,9 @@ def test_usage_errors_are_one_line_naming_the_help() -> None:
         "workbench: error: the following arguments are required: --server, --out "
         "(see: workbench generate --help)")
     assert "invalid choice: 'reprot'" in one_line_error(workbench("reprot"))
+    bad = one_line_error(workbench("generate", "--datasets", "x.yaml", "--server", "s", "--out", "o",
+                                   "--concurrency", "zero"))
+    assert "expected a whole number, got 'zero', or auto" in bad
 
 
 @pytest.fixture

@@ -38,7 +38,12 @@ def _positive_int(text: str) -> int:
 
 
 def _concurrency(text: str) -> int | str:
-    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or auto") from None
 
 
 def _positive_float(text: str) -> float:
