@@ -54,6 +54,7 @@ __all__ = [
     "MANIFEST_FILE",
     "PROMPTS_FILE",
     "RAW_FILE",
+    "write_atomic",
     "SCHEMA_VERSION",
     "TORN_SUFFIX",
     "Block",
@@ -131,6 +132,14 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """data as the whole of path: a temp file beside it, then a rename (readers never see half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def encode_line(obj: Any) -> bytes:

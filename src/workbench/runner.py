@@ -80,6 +80,7 @@ from workbench.records import (
     Record,
     iter_blocks,
     repair_torn_tail,
+    write_atomic,
 )
 from workbench.runlock import hold_run_lock
 from workbench.stats import format_duration
@@ -519,9 +520,7 @@ class Runner:
             "concurrency": self.concurrency_record(),
             "datasets": datasets,
         }
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
 
     # ----------------------------------------------------------------- running
     def request_stop(self) -> None:

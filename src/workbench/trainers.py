@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 from array import array
 from collections.abc import Sequence
@@ -28,6 +27,8 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 import msgspec
 import numpy as np
+
+from workbench.records import write_atomic
 
 __all__ = [
     "TRAINERS",
@@ -167,7 +168,5 @@ def write_manifest(
     rows = ",\n".join("  " + json.dumps(row, ensure_ascii=False) for row in data["rows"])
     text = f'{head[:-2]},\n  "rows": [\n{rows}\n  ]\n}}\n'
     path = manifest_path(target)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text.encode())
     return path

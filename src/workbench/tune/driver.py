@@ -24,6 +24,7 @@ from workbench.launch import (
     command_line,
     find_free_port,
 )
+from workbench.records import write_atomic
 from workbench.tune.load import LoadOutcome, LoadPrompt, PointLoad, build_prompts
 from workbench.tune.measurement import PointResult, failed_point, summarize_point, violations
 from workbench.tune.parameters import (
@@ -44,7 +45,6 @@ from workbench.tune.results import (
     PointPlan,
     _read_sweep_record,
     _sweep_record,
-    _write_atomic,
     _write_json,
     load_results,
     plan_points,
@@ -304,12 +304,12 @@ async def _point_files(plan: PointPlan, outcome: LoadOutcome, server: ServerProc
     """Write the point's folder (everything but result.json) and complete the result."""
     folder = plan.folder
     rows = b"".join(msgspec.json.encode(row) + b"\n" for row in outcome.rows)
-    _write_atomic(folder / REQUESTS_FILE, rows)
+    write_atomic(folder / REQUESTS_FILE, rows)
     samples = b"".join(msgspec.json.encode(s) + b"\n" for s in outcome.samples)
-    _write_atomic(folder / SAMPLES_FILE, samples)
-    _write_atomic(folder / "metrics_before.txt", (outcome.before or "").encode())
-    _write_atomic(folder / "metrics_after.txt", (outcome.after or "").encode())
-    _write_atomic(folder / SERVER_LOG, server.read_log(log_start))
+    write_atomic(folder / SAMPLES_FILE, samples)
+    write_atomic(folder / "metrics_before.txt", (outcome.before or "").encode())
+    write_atomic(folder / "metrics_after.txt", (outcome.after or "").encode())
+    write_atomic(folder / SERVER_LOG, server.read_log(log_start))
     info = dict(start_info)
     if server.exit_reason() is None:
         with contextlib.suppress(RequestFailed):

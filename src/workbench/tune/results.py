@@ -19,6 +19,7 @@ import msgspec
 from workbench import __version__
 from workbench.errors import InputError
 from workbench.launch import command_line
+from workbench.records import write_atomic
 from workbench.tune.measurement import RESULT_COLUMNS, PointResult
 from workbench.tune.parameters import (
     Command,
@@ -72,15 +73,10 @@ def _point_folder(concurrency: int | str, repeat: int, repeats: int) -> str:
     return f"c{concurrency}" if repeats == 1 else f"c{concurrency}-r{repeat}"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _write_json(path: Path, value: Any) -> None:
-    _write_atomic(path, msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
 
 
 def read_point(plan: PointPlan) -> PointResult | None:
@@ -99,7 +95,7 @@ def write_results_csv(out: Path, results: Sequence[PointResult]) -> Path:
     for result in results:
         writer.writerow([_cell(getattr(result, name)) for name in RESULT_COLUMNS])
     path = out / RESULTS_FILE
-    _write_atomic(path, buffer.getvalue().encode())
+    write_atomic(path, buffer.getvalue().encode())
     return path
 
 
