@@ -8,19 +8,25 @@ underrates the requests still running (the demo overshot a 20k budget by 40%). T
 projection treats the requests in flight as censored observations of a request's duration:
 one that has run for `age` seconds will take longer than that. The duration distribution is
 the Kaplan-Meier estimate over the finished requests (each carrying its length), the ages
-of those in flight, and one pseudo request that never finishes and runs to
-`max_new_tokens` (a prior for the tail not seen yet: it weighs 1/10 after 9 replies, 1/1000
-after 999); the mass left past the last finished request is put at the cap too (the
-survivors are assumed to run to it: conservative while the long ones are still running,
-and gone once they finish). Then
+of those in flight, and `TAIL_PRIOR` pseudo requests that never finish and run to
+`max_new_tokens`: a prior for the tail not seen yet. Replies cut at the cap take the
+longest, so a budget spent in less time than one of them takes has seen none finish;
+three is the rule of three (the 95% upper bound of a rate seen 0 times in n tries is
+3/n): 3/103 after 100 replies, 3/1003 after 1000. The mass left past the last finished
+request is put at the cap too (the survivors are assumed to run to it: conservative while
+the long ones are still running, and gone once they finish). Then
 
     a request in flight for `age` seconds    adds  E[length | duration > age]
     a new request                            adds  E[length]
 
-and a request is admitted while finished + these expectations + `MARGIN` standard
-deviations of their sum (the requests taken as independent) fit the budget, so the margin
-is wide while many long requests may still be running and shrinks to one request's spread
-at the end; before anything finished every request counts `max_new_tokens`. Durations are measured
+and a request is admitted while finished + these expectations + a margin fit the budget.
+Lengths are heavy-tailed (a few replies run to the cap, ten times the median), so the
+margin is the larger of `MARGIN` standard deviations of the sum (the requests taken as
+independent) and the room for more of them to run to the cap than expected: the count at
+the cap is about Poisson, and its 1 - `ALPHA` quantile above its mean times (the cap - the
+smallest expectation) is kept free. Near its end a budget so keeps room for one or two
+long replies: it ends under its cap by about one long reply at most, and rarely over it.
+Before anything finished every request counts `max_new_tokens`. Durations are measured
 the same way for both (from the send), so queueing time cancels out. The finished requests
 kept are the last `WINDOW` (memory stays bounded on long runs).
 """
@@ -29,13 +35,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BudgetProjection"]
+__all__ = ["BudgetProjection", "Projection"]
 
 WINDOW = 4096
 MARGIN = 2.0
+TAIL_PRIOR = 3
+ALPHA = 0.02
 
 
 class BudgetProjection:
@@ -59,31 +68,51 @@ class BudgetProjection:
     def in_flight(self) -> int:
         return len(self._flight)
 
-    def projected(self, now: float) -> tuple[float, float]:
-        """(tokens the requests in flight and a new one will add, the standard deviation of
-        that sum)."""
+    def projected(self, now: float) -> Projection:
+        """What the requests in flight and a new one will add to the budget."""
         cap = float(self.max_new_tokens)
         if not self._finished:
-            return cap * (len(self._flight) + 1), 0.0
+            return Projection(cap * (len(self._flight) + 1), 0.0, cap, 0.0)
         ages = np.fromiter((max(now - t, 0.0) for t in self._flight.values()), float,
                            len(self._flight))
-        finished = np.array([*self._finished, (np.inf, cap)], dtype=float)
-        mean, square = _length_moments(finished, ages, cap)
+        finished = np.array([*self._finished, *[(np.inf, cap)] * TAIL_PRIOR], dtype=float)
+        mean, square, at_cap = _length_moments(finished, ages, cap)
         variance = np.maximum(square - mean**2, 0.0)
-        return float(np.sum(mean)), float(np.sqrt(np.sum(variance)))
+        return Projection(float(np.sum(mean)), float(np.sqrt(np.sum(variance))),
+                          float(np.min(mean)), float(np.sum(at_cap)))
 
     def fits(self, finished: int, budget: int, now: float) -> bool:
         """One more request fits: finished + in flight + new + margin <= budget."""
         if finished + (self.in_flight + 1) * self.max_new_tokens <= budget:
             return True
-        expected, spread = self.projected(now)
-        return finished + expected + MARGIN * spread <= budget
+        projection = self.projected(now)
+        return finished + projection.expected + projection.margin(self.max_new_tokens) <= budget
+
+
+class Projection(NamedTuple):
+    """What the requests in flight and a new one will add: the expected tokens, the standard
+    deviation of that sum, the smallest expectation, and how many of them are expected to
+    run to the cap."""
+
+    expected: float
+    spread: float
+    lowest: float
+    at_cap: float
+
+    def margin(self, max_new_tokens: int) -> float:
+        """Room kept for the sum to run long: `MARGIN` times its spread, or the room for the
+        requests that may run to the cap beyond the expected number (the count's
+        1 - `ALPHA` quantile, a Poisson approximation), whichever is larger."""
+        from scipy.stats import poisson  # imported when a budget nears its end
+
+        extra = float(poisson.ppf(1.0 - ALPHA, self.at_cap)) - self.at_cap
+        return max(MARGIN * self.spread, extra * (max_new_tokens - self.lowest))
 
 
 def _length_moments(finished: np.ndarray, ages: np.ndarray,
-                    cap: float) -> tuple[np.ndarray, np.ndarray]:
-    """E[length | duration > a] and E[length**2 | duration > a] for a = 0 (a new request),
-    then each age in `ages`.
+                    cap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """E[length | duration > a], E[length**2 | duration > a] and P(length = cap | duration >
+    a) for a = 0 (a new request), then each age in `ages`.
 
     `finished` holds (duration, length) rows; Kaplan-Meier over them and the censored ages,
     finished ones first among equal times, the remaining mass at `cap`."""
@@ -98,8 +127,8 @@ def _length_moments(finished: np.ndarray, ages: np.ndarray,
     first = np.searchsorted(times, np.concatenate([[0.0], ages]), side="right")
     alive = np.maximum(survival[first], 1e-12)
     moments = []
-    for power in (1, 2):
-        later = np.concatenate([np.cumsum((mass * lengths**power)[::-1])[::-1], [0.0]])
-        moment = (later[first] + survival[-1] * cap**power) / alive
-        moments.append(np.minimum(moment, cap**power))
-    return moments[0], moments[1]
+    for value, top in ((lengths, cap), (lengths**2, cap**2), (lengths >= cap, 1.0)):
+        later = np.concatenate([np.cumsum((mass * value)[::-1])[::-1], [0.0]])
+        moment = (later[first] + survival[-1] * top) / alive
+        moments.append(np.minimum(moment, top))
+    return moments[0], moments[1], moments[2]
