@@ -6,6 +6,7 @@ is the tested one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -135,6 +136,33 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
     for sim in sims[:2]:
         assert f"worker {sim.url}: healthy" in frame.stdout and "running" in frame.stdout
     assert f"ALERT server: worker {victim.url} marked unhealthy" in frame.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("metrics", [True, False])
+def test_auto_concurrency_steers_on_the_workers_behind_the_router(
+        metrics: bool, tmp_path: Path, start_sim: Callable[..., ServerProcess],
+        start_router: Callable[..., ServerProcess]) -> None:
+    """The router has no /metrics of its own: auto reads each worker's, or says it cannot."""
+    sims = [start_sim(speed=0.5, enable_metrics=metrics) for _ in range(2)]
+    router = start_router([s.url for s in sims])
+    manifest = write_manifest(tmp_path, [
+        {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids"}])
+    out = tmp_path / "out"
+    done = workbench("generate", "--datasets", str(manifest), "--server", router.url, "--out", str(out),
+                     "--concurrency", "auto", "--progress-interval", "1")
+    assert done.returncode == 0, done.stderr
+    ids, duplicates = read_sample_ids(out / "ids" / "raw_responses.jsonl")
+    assert len(ids) == 300 and duplicates == []
+    record = json.loads((out / "run.json").read_text())["concurrency"]
+    assert record["setting"] == "auto" and record["history"]
+    if metrics:
+        assert record["mode"] == "metrics"
+        assert "steering on the servers' /metrics" in done.stdout
+        assert all(counter(s.url) >= 30 for s in sims)  # both workers were kept busy
+    else:
+        assert record["mode"] == "throughput"
+        assert "/metrics is off" in done.stdout
 
 
 @pytest.mark.integration
