@@ -6,7 +6,8 @@ prompts as sent to ``prompts.jsonl`` and one :class:`ErrorRecord` per failed att
 puts aside the partial line a killed writer may leave.
 
 Readers (:func:`iter_blocks`, :func:`read_rows`, :func:`parse_lines`) turn each line into a
-:class:`Row` and say which layout it had:
+:class:`Row` and say which layout it had (prompts.jsonl has its own reader,
+:func:`iter_prompt_blocks`, which reads the sample id the same way):
 
     flat        the Record keys at top level (what the workbench writes)
     legacy      OpenAI chat-completions: counts under ``usage``, ``response.usage`` or
@@ -53,8 +54,8 @@ __all__ = [
     "ERRORS_FILE",
     "MANIFEST_FILE",
     "PROMPTS_FILE",
+    "PROMPT_BLOCK_BYTES",
     "RAW_FILE",
-    "write_atomic",
     "SCHEMA_VERSION",
     "TORN_SUFFIX",
     "Block",
@@ -63,17 +64,21 @@ __all__ = [
     "Layout",
     "LineProblem",
     "ProblemKind",
+    "PromptBlock",
     "PromptRecord",
+    "PromptRow",
     "Record",
     "Row",
     "SampleId",
     "encode_line",
     "input_id_counts",
     "iter_blocks",
+    "iter_prompt_blocks",
     "parse_lines",
     "read_rows",
     "read_sample_ids",
     "repair_torn_tail",
+    "write_atomic",
 ]
 
 SCHEMA_VERSION = 1
@@ -84,6 +89,7 @@ MANIFEST_FILE = "run.json"
 TORN_SUFFIX = ".torn"
 
 DEFAULT_BLOCK_BYTES = 8 << 20
+PROMPT_BLOCK_BYTES = 1 << 20  # smaller: the id arrays are searched and counted while cached
 
 StrPath: TypeAlias = str | os.PathLike[str]
 SampleId: TypeAlias = int | str
@@ -288,6 +294,33 @@ class Block(msgspec.Struct):
     lines: int
 
 
+class PromptRow(NamedTuple):
+    """One readable line of prompts.jsonl.
+
+    ``sample_id`` is read as a :class:`Row`'s (None when none can be read); ``input_ids`` is
+    how many items its top-level ``input_ids`` array holds (None without such an array);
+    ``text_chars`` the characters of its top-level ``text`` (None unless a string).
+    """
+
+    line: int
+    sample_id: SampleId | None
+    input_ids: int | None
+    text_chars: int | None
+
+
+class PromptBlock(NamedTuple):
+    """The prompt rows and problems of the whole lines in file bytes [start_offset, end_offset),
+    counted as a :class:`Block`'s (every line of prompts.jsonl that gives a Row gives a
+    PromptRow, with the same problems)."""
+
+    rows: list[PromptRow]
+    problems: list[LineProblem]
+    start_offset: int
+    end_offset: int
+    first_line: int
+    lines: int
+
+
 # --- decoding structs: only the fields readers need; the rest is skipped, never built ------------
 
 
@@ -351,6 +384,20 @@ class _IdLine(msgspec.Struct, gc=False):
     sample_id: SampleId | None = None
 
 
+class _PromptLine(_Line, gc=False):
+    """A line of prompts.jsonl on the block path: a Row's fields, the input ids unparsed."""
+
+    input_ids: msgspec.Raw = msgspec.Raw(b"null")
+    text: str | None = None
+
+
+class _PromptParts(msgspec.Struct, gc=False):
+    """A line of prompts.jsonl read alone: its input ids and text, whatever their types."""
+
+    input_ids: msgspec.Raw = msgspec.Raw(b"null")
+    text: msgspec.Raw = msgspec.Raw(b"null")
+
+
 class _Schema(NamedTuple):
     line_type: type[_Line]
     decoder: msgspec.json.Decoder[Any]
@@ -360,6 +407,8 @@ class _Schema(NamedTuple):
 _ROWS = _Schema(_Line, msgspec.json.Decoder(_Line), False)
 _ROWS_WITH_IDS = _Schema(_LineWithIds, msgspec.json.Decoder(_LineWithIds), True)
 _IDS = msgspec.json.Decoder(_IdLine)
+_PROMPT_LINES = msgspec.json.Decoder(_PromptLine)
+_PROMPT_PARTS = msgspec.json.Decoder(_PromptParts)
 
 
 # --- normalising one decoded line ----------------------------------------------------------------
@@ -617,7 +666,7 @@ def _decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any
 
 _ID_KEYS = (b'"output_ids"', b'"input_ids"')  # token id arrays no reader decodes (but output_ids)
 _INLINE_SPACE = frozenset(b" \t")
-_COLON, _BRACKET = ord(":"), ord("[")
+_COLON, _BRACKET, _NEWLINE = ord(":"), ord("["), ord("\n")
 
 
 def _array_after_key(data: bytes, position: int, size: int) -> int:
@@ -695,7 +744,6 @@ class _InputIds(msgspec.Struct, gc=False):
 
 
 _INPUT_IDS = msgspec.json.Decoder(_InputIds)
-_SPACE = frozenset(b" \t\r")
 
 
 def input_id_counts(data: bytes) -> list[int | None] | None:
@@ -731,6 +779,30 @@ def _items(data: bytes, start: int, end: int) -> int:
     while start < end and data[start] in _SPACE:
         start += 1
     return data.count(b",", start, end) + 1 if start < end else 0
+
+
+_SPACE = frozenset(b" \t\r")
+_LONG_ARRAY = 2048  # bytes from which numpy counts an array's commas faster than bytes.count
+
+
+def _span_items(data: bytes, spans: list[tuple[int, int]]) -> list[int]:
+    """Items of each flat array of numbers data[start:end]: its commas plus one, 0 when blank."""
+    import numpy as np  # here: most readers of records never count
+
+    commas = None
+    counts: list[int] = []
+    for start, end in spans:
+        while start < end and data[start] in _SPACE:
+            start += 1
+        if start == end:
+            counts.append(0)
+        elif end - start < _LONG_ARRAY:
+            counts.append(data.count(b",", start, end) + 1)
+        else:
+            if commas is None:
+                commas = np.frombuffer(data, dtype=np.uint8) == ord(",")
+            counts.append(int(np.count_nonzero(commas[start:end])) + 1)
+    return counts
 
 
 def _split_lines(chunk: _Chunk) -> list[bytes]:
@@ -857,3 +929,109 @@ def _sample_id_of(text: bytes) -> SampleId | None:
         return _IDS.decode(text).sample_id
     except (msgspec.DecodeError, RecursionError):
         return None
+
+
+# --- prompts.jsonl: sample ids, problems and sizes in one read -----------------------------------
+
+
+def iter_prompt_blocks(
+    path: StrPath, *, offset: int = 0, block_bytes: int = PROMPT_BLOCK_BYTES
+) -> Iterator[PromptBlock]:
+    """The prompt blocks of path from byte offset (a line start, numbered line 1) to the end.
+
+    Each block is decoded in one call, its ``input_ids`` arrays emptied first and their items
+    counted by their commas. A block holding a bad or unusual line (a nested or escaped
+    ``input_ids``, a text that is not a string) is read as :func:`iter_blocks` reads it, and
+    the sizes of its rows line by line. A torn last line comes as in :func:`iter_blocks`.
+    Raises OSError when path cannot be read.
+    """
+    line = 1
+    for chunk in _iter_chunks(path, offset, block_bytes):
+        if chunk.torn:
+            torn = _torn_block(chunk, line)
+            yield PromptBlock([], torn.problems, chunk.offset, chunk.offset, line, 0)
+            return
+        rows = _prompt_rows(chunk, line)
+        if rows is not None:
+            yield PromptBlock(rows, [], chunk.offset, chunk.offset + chunk.size, line, len(rows))
+            line += len(rows)
+            continue
+        rows, problems, lines = _prompt_lines(chunk, line)
+        yield PromptBlock(rows, problems, chunk.offset, chunk.offset + chunk.size, line, lines)
+        line += lines
+
+
+def _prompt_rows(chunk: _Chunk, first_line: int) -> list[PromptRow] | None:
+    """Every line of the chunk as a prompt row, in one decode call; None unless each line is
+    one clean object with at most one ``input_ids`` array, its own.
+
+    The rows are those :func:`iter_blocks` reads: it empties the same ``input_ids`` arrays
+    (and ``output_ids`` ones: a chunk with arrays emptied and an ``output_ids`` key left is
+    not taken here; no emptied array held a quote, so none held that key); with nothing
+    emptied, every line decoded is valid JSON, which both of its paths read alike.
+    """
+    data, size = chunk.data, chunk.size
+    spans = _array_spans(data, size, _ID_KEYS[1])
+    if spans is None:
+        return None
+    whole = _emptied(data, size, spans) if spans else (data if size == len(data) else data[:size])
+    if spans and _ID_KEYS[0] in whole:
+        return None
+    items = _decode_aligned(_PROMPT_LINES, whole)
+    arrays = None if items is None else _line_arrays(whole, spans, len(items))
+    if items is None or arrays is None:
+        return None
+    counts = _span_items(data, spans)
+    rows: list[PromptRow] = []
+    for index, (item, array) in enumerate(zip(items, arrays, strict=True)):
+        raw = bytes(item.input_ids)
+        if raw != b"[]" if array >= 0 else raw.startswith(b"["):
+            return None  # a nested input_ids, or a key written with escapes
+        rows.append(PromptRow(first_line + index, _sample_id(item),
+                              counts[array] if array >= 0 else None,
+                              None if item.text is None else len(item.text)))
+    return rows
+
+
+def _line_arrays(whole: bytes, spans: list[tuple[int, int]], lines: int) -> list[int] | None:
+    """Per line of `whole` (the lines with the array spans emptied), the index of the span it
+    held (-1 for none), found in the emptied bytes; None when a line held more than one."""
+    if not spans:
+        return [-1] * lines
+    import numpy as np  # here: most readers of records never count
+
+    bounds = np.array(spans, dtype=np.int64)
+    lengths = bounds[:, 1] - bounds[:, 0]
+    emptied_at = bounds[:, 0] - (np.cumsum(lengths) - lengths)  # where each span was in whole
+    line_ends = np.flatnonzero(np.frombuffer(whole, dtype=np.uint8) == _NEWLINE)
+    owner = np.searchsorted(line_ends, emptied_at)  # the newlines before: the line's index
+    if len(owner) > 1 and not (np.diff(owner) > 0).all():
+        return None
+    arrays = np.full(lines, -1, dtype=np.int64)
+    arrays[owner] = np.arange(len(spans))
+    found: list[int] = arrays.tolist()
+    return found
+
+
+def _prompt_lines(chunk: _Chunk, first_line: int) -> tuple[list[PromptRow], list[LineProblem], int]:
+    """The prompt rows, problems and line count of a chunk whose lines are read one by one:
+    rows and problems exactly as :func:`iter_blocks` reads them, sizes from each row's line."""
+    rows, problems, lines = _decode_chunk(chunk, first_line, _ROWS)
+    texts = _split_lines(chunk)
+    prompts = [PromptRow(row.line, row.sample_id, *_prompt_parts(texts[row.line - first_line]))
+               for row in rows]
+    return prompts, problems, lines
+
+
+def _prompt_parts(text: bytes) -> tuple[int | None, int | None]:
+    """(items of the input_ids array, characters of the text string) of one line, each None
+    when it is not one (the items counted by commas, as on the block path)."""
+    try:
+        parts = _PROMPT_PARTS.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None, None
+    ids = bytes(parts.input_ids).strip()
+    count = (ids.count(b",") + 1 if ids[1:-1].strip() else 0) if ids.startswith(b"[") else None
+    value = bytes(parts.text)
+    chars = len(msgspec.json.decode(value, type=str)) if value.startswith(b'"') else None
+    return count, chars

@@ -1,0 +1,124 @@
+"""The one read of prompts.jsonl: what it finds equals a plain json.loads read of each line, on
+the block path and line by line, and its problems are those of a read of rows."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workbench import prompt_scan
+from workbench.records import iter_blocks, iter_prompt_blocks
+
+LINES = [
+    b'{"sample_id":0,"input_ids":[1,2,3]}\n',  # compact, as the workbench writes
+    b'{"sample_id": 1, "input_ids": [4, 5]}\n',  # json.dumps' default separators
+    b'{"input_ids": [6, 7, 8, 9], "sample_id": 2}\n',  # another key order
+    b'{"sample_id": 3, "text": "Hello there, how are you?"}\n',  # a text prompt
+    b'{"text": "\\u00e9t\\u00e9", "sample_id": "s-4", "input_ids": null}\n',  # escapes, str id
+    b'{"sample_id": 5, "input_ids": []}\n',
+    b"{not json\n",  # a bad line
+    b"\n",  # a blank line
+    b'[1, 2]\n',  # not an object
+    b'{"sample_id": 1, "input_ids": [9]}\n',  # a duplicate id
+    b'{"input_ids": [1, 2]}\n',  # a missing id
+    b'{"sample_id": 7, "ts": "late", "input_ids": [1]}\n',  # a known field of the wrong type
+    b'{"custom_id": "c-8", "text": "x"}\n',  # the id read as a record's
+    b'{"sample_id": 9, "input_ids": [5, 6], "meta": {"input_ids": [1]}}\n',  # nested input_ids
+    b'{"sample_id": 10, "input\\u005fids": [5, 6]}\n',  # a key written with escapes
+    b'{"sample_id": 11, "text": 12}\n',  # a text that is not a string
+    b'{"sample_id": 12, "input_ids": [1, 2, 3, 4, 5]}\r\n',
+    b'{"sample_id": 13, "input_ids": [3',  # a torn last line
+]
+DATA = b"".join(LINES)
+
+
+def by_json(data: bytes) -> dict[str, Any]:
+    """What one read should find, each line read alone with json.loads."""
+    *whole, torn = data.split(b"\n")
+    found: dict[str, Any] = {"ids": [], "first_lines": [], "lengths": [], "problems": [],
+                             "lines": 0, "tokenized": 0, "tokens": 0}
+    first: dict[Any, int] = {}
+    for line, text in enumerate(whole, start=1):
+        if not text.strip():
+            continue
+        found["lines"] += 1
+        try:
+            value = json.loads(text)
+        except ValueError:
+            found["problems"].append((line, "malformed"))
+            continue
+        if not isinstance(value, dict):
+            found["problems"].append((line, "not_object"))
+            continue
+        if isinstance(value.get("ts", 0.0), str):
+            found["problems"].append((line, "bad_type"))
+        ids = value.get("input_ids")
+        if isinstance(ids, list):
+            found["tokenized"] += 1
+            found["tokens"] += len(ids)
+        sample_id = next((value[k] for k in ("sample_id", "custom_id", "id")
+                          if value.get(k) is not None), None)
+        if sample_id is None:
+            found["problems"].append((line, "no_id"))
+        elif sample_id in first:
+            found["problems"].append((line, "duplicate_id"))
+        else:
+            first[sample_id] = line
+            found["ids"].append(sample_id)
+            found["first_lines"].append(line)
+            found["lengths"].append(length_by_json(value))
+    if torn.strip():
+        found["problems"].append((len(whole) + 1, "torn"))
+    return found
+
+
+def length_by_json(value: dict[str, Any]) -> int | None:
+    if isinstance(value.get("input_ids"), list):
+        return len(value["input_ids"])
+    if isinstance(value.get("text"), str):
+        return max(1, round(len(value["text"]) / prompt_scan.TEXT_CHARS_PER_TOKEN))
+    return None
+
+
+def as_found(scan: prompt_scan.PromptScan) -> dict[str, Any]:
+    return {"ids": scan.ids, "first_lines": scan.first_lines, "lengths": scan.lengths,
+            "problems": sorted((line, kind) for line, kind, _ in scan.problems),
+            "lines": scan.lines, "tokenized": scan.tokenized, "tokens": scan.tokens}
+
+
+@pytest.mark.parametrize("block_bytes", [1, 100, 700, 8 << 20])
+def test_one_read_finds_what_json_finds_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(DATA)
+    monkeypatch.setattr(prompt_scan, "iter_prompt_blocks",
+                        functools.partial(iter_prompt_blocks, block_bytes=block_bytes))
+    expected = by_json(DATA)
+    expected["problems"].sort()
+    found = prompt_scan.scan(path)
+    assert as_found(found) == expected
+    assert found.end_offset == len(DATA) - len(LINES[-1])
+    assert found.length_of() == {0: 3, 1: 2, 2: 4, 3: 6, "s-4": 1, 5: 0, 7: 1, "c-8": 1,
+                                 9: 2, 10: 2, 12: 5}
+    details = {kind: detail for _, kind, detail in found.problems}
+    assert details["duplicate_id"] == "sample_id 1 also at line 2"
+    assert details["no_id"] == "cannot read sample_id"
+
+
+@pytest.mark.parametrize("block_bytes", [1, 100, 700, 8 << 20])
+def test_problems_are_those_of_a_read_of_rows(tmp_path: Path, block_bytes: int) -> None:
+    """Line problems, sample ids and their order as :func:`iter_blocks` gives them."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(DATA)
+    blocks = list(iter_prompt_blocks(path, block_bytes=block_bytes))
+    rows = list(iter_blocks(path, block_bytes=block_bytes))
+    assert [b.problems for b in blocks] == [b.problems for b in rows]
+    assert [[(r.line, r.sample_id) for r in b.rows] for b in blocks] == [
+        [(r.line, r.sample_id) for r in b.rows] for b in rows]
+    assert [(b.start_offset, b.end_offset, b.first_line, b.lines) for b in blocks] == [
+        (b.start_offset, b.end_offset, b.first_line, b.lines) for b in rows]
