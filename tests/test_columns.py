@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 import workbench.validate as validate_module
-from workbench import explore, plots
+from workbench import explore, plots, prompt_scan
 from workbench.columns import CACHE_DIR
 from workbench.records import PromptRecord, Record, encode_line
 from workbench.stats import collect_stats
+from workbench.subset import compare_subsets
 from workbench.validate import RunScan, scan_run
 
 THINK_END, IM_END = 163607, 163586
@@ -244,32 +245,30 @@ def test_rows_are_read_back_from_their_own_blocks(
 
 
 def test_unchanged_prompts_are_not_read_again(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workbench.stats as stats_module
-
     read: list[str] = []
-    read_ids, line_chunks = validate_module._read_prompt_ids, stats_module._line_chunks
+    scan = prompt_scan.scan
 
-    def reading_ids(path: Path, *args: Any) -> Any:
-        read.append(f"ids {path.parent.name}")
-        return read_ids(path, *args)
+    def reading(path: Path, **kwargs: Any) -> Any:
+        read.append(Path(path).parent.name)
+        return scan(path, **kwargs)
 
-    def reading_lines(path: Path, offset: int) -> Any:
-        if path.name == "prompts.jsonl":
-            read.append(f"counts {path.parent.name}")
-        return line_chunks(path, offset)
+    monkeypatch.setattr(prompt_scan, "scan", reading)
 
-    monkeypatch.setattr(validate_module, "_read_prompt_ids", reading_ids)
-    monkeypatch.setattr(stats_module, "_line_chunks", reading_lines)
-    first = figures(scan_run(run))
-    assert sorted(read) == ["counts a", "counts b", "ids a", "ids b"]
+    def report() -> tuple[list[str], list[str]]:
+        """What a report draws: the scan, the stats, the subset comparison."""
+        subset = compare_subsets(run)
+        return figures(scan_run(run)), [subset.lengths.to_json(), subset.length_curves.to_json()]
+
+    first = report()
+    assert sorted(read) == ["a", "b"]  # one read of each prompts.jsonl, shared
     read.clear()
-    assert figures(scan_run(run)) == first and read == []
+    assert report() == first and read == []
     with open(run / "a" / "prompts.jsonl", "ab") as file:
         file.write(encode_line(PromptRecord(sample_id=500, input_ids=[1, 2, 3])))
         file.write(b"{bad\n")
-    changed = figures(scan_run(run))
-    assert sorted(read) == ["counts a", "ids a"]
-    assert changed != first and changed == figures(run)
+    changed = report()
+    assert read == ["a"]
+    assert changed != first and changed[0] == figures(run)
 
 
 def test_ids_past_64_bits_are_read_without_a_cache(tmp_path: Path) -> None:

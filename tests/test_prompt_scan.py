@@ -1,5 +1,5 @@
 """The one read of prompts.jsonl: what it finds equals a plain json.loads read of each line, on
-the block path and line by line, and its problems are those of a read of rows."""
+the block path and line by line, and validation's prompt findings equal a read of its rows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from workbench import prompt_scan
+from workbench.columns import CACHE_DIR, Tally
 from workbench.records import iter_blocks, iter_prompt_blocks
+from workbench.validate import Thresholds, validate_run
 
 LINES = [
     b'{"sample_id":0,"input_ids":[1,2,3]}\n',  # compact, as the workbench writes
@@ -122,3 +124,53 @@ def test_problems_are_those_of_a_read_of_rows(tmp_path: Path, block_bytes: int) 
         [(r.line, r.sample_id) for r in b.rows] for b in rows]
     assert [(b.start_offset, b.end_offset, b.first_line, b.lines) for b in blocks] == [
         (b.start_offset, b.end_offset, b.first_line, b.lines) for b in rows]
+
+
+def test_findings_on_prompts_keep_any_number_of_examples(tmp_path: Path) -> None:
+    folder = tmp_path / "out" / "d"
+    folder.mkdir(parents=True)
+    (folder / "raw_responses.jsonl").write_bytes(b"")
+    (folder / "prompts.jsonl").write_bytes(
+        b"".join(b'{"sample_id": %d, "input_ids": [1]}\n' % (i % 3) for i in range(12)) + DATA)
+
+    def duplicates(max_examples: int, cache: bool = True) -> list[Any]:
+        report = validate_run(tmp_path / "out", thresholds=Thresholds(max_examples=max_examples),
+                              cache=cache)
+        return [f for f in report.datasets["d"].findings if f.rule == "duplicate_sample_id"]
+
+    few, many = duplicates(2), duplicates(50)  # the second from the kept read
+    assert list((folder / CACHE_DIR).glob("prompts-*"))
+    assert few[0].count == many[0].count == 13 and len(few[0].examples) == 2
+    assert many == duplicates(50, cache=False) and len(many[0].examples) == 13
+    assert many[0].examples[:2] == few[0].examples
+
+
+def test_prompt_findings_equal_those_of_a_read_of_rows(tmp_path: Path) -> None:
+    """Rules, counts, lines, details and the order of the examples, as validation found them
+    when it read prompts.jsonl's rows itself."""
+    folder = tmp_path / "out" / "d"
+    folder.mkdir(parents=True)
+    (folder / "raw_responses.jsonl").write_bytes(b"")
+    (folder / "prompts.jsonl").write_bytes(DATA[: -len(LINES[-1])] * 3 + LINES[-1])
+    rules = {"malformed": "parse_error", "not_object": "parse_error", "bad_type": "bad_type",
+             "torn": "torn_line"}
+    tally = Tally(4)
+    first: dict[Any, int] = {}
+    for block in iter_blocks(folder / "prompts.jsonl"):
+        for problem in block.problems:
+            tally.add(rules[problem.kind], problem.line, problem.detail)
+        for row in block.rows:
+            if row.sample_id is None:
+                tally.add("missing_field", row.line, "cannot read sample_id")
+            elif row.sample_id in first:
+                tally.add("duplicate_sample_id", row.line,
+                          f"sample_id {row.sample_id!r} also at line {first[row.sample_id]}")
+            else:
+                first[row.sample_id] = row.line
+    report = validate_run(tmp_path / "out", thresholds=Thresholds(max_examples=4))
+    found = {f.rule: (f.count, [(e.line, e.detail) for e in f.examples])
+             for f in report.datasets["d"].findings
+             if f.examples and f.examples[0].file == "prompts.jsonl"
+             and f.rule not in ("missing_response", "unsent_budget")}
+    assert found == {rule: (count, tally.examples[rule]) for rule, count in tally.counts.items()}
+    assert report.datasets["d"].prompts == len(first)

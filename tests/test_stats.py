@@ -488,7 +488,7 @@ PROMPT_LINES = [
 
 
 def _json_counts(data: bytes) -> tuple[int, int, int]:
-    """(lines, lines with an input_ids array, ids in them): what _Prompts counts, by json."""
+    """(lines, lines with an input_ids array, ids in them): what the stats count, by json."""
     lines = tokenized = tokens = 0
     for text in data.splitlines():
         if not text.strip():
@@ -504,13 +504,15 @@ def _json_counts(data: bytes) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("index", range(len(PROMPT_LINES)))
-def test_prompt_ids_counted_in_blocks_are_exact(index: int) -> None:
-    from workbench.records import input_id_counts
-    from workbench.stats import _Prompts
+def test_prompt_ids_counted_in_blocks_are_exact(index: int, tmp_path: Path) -> None:
+    from workbench import prompt_scan
+    from workbench.records import _Chunk, _prompt_rows
 
     good = b'{"sample_id": 0, "input_ids": [9, 9]}\n'
-    assert input_id_counts(good * 3) == [2, 2, 2]  # the block path
+    block = _prompt_rows(_Chunk(good * 3, len(good) * 3, 0), 1)  # the block path
+    assert block is not None and [row.input_ids for row in block] == [2, 2, 2]
     data = good + PROMPT_LINES[index] + good
-    prompts = _Prompts()
-    prompts.add(data)
-    assert (prompts.lines, prompts.tokenized, prompts.tokens) == _json_counts(data)
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(data)
+    counted = prompt_scan.scan(path)
+    assert (counted.lines, counted.tokenized, counted.tokens) == _json_counts(data)

@@ -60,7 +60,7 @@ def test_prompt_lengths_are_kept_while_prompts_are_unchanged(tmp_path: Path) -> 
     plant_run(tmp_path, sent=list(range(0, 600, 5)))
     first = compare_subsets(tmp_path / "run")
     prompts = tmp_path / "run" / "A" / "prompts.jsonl"
-    assert list((prompts.parent / CACHE_DIR).glob("prompt-lengths-*"))
+    assert list((prompts.parent / CACHE_DIR).glob("prompts-*"))
     again = compare_subsets(tmp_path / "run")
     pd.testing.assert_frame_equal(first.lengths, again.lengths)
     pd.testing.assert_frame_equal(first.length_curves, again.length_curves)

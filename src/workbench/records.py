@@ -71,7 +71,6 @@ __all__ = [
     "Row",
     "SampleId",
     "encode_line",
-    "input_id_counts",
     "iter_blocks",
     "iter_prompt_blocks",
     "parse_lines",
@@ -737,48 +736,6 @@ def _emptied(data: bytes, size: int, spans: list[tuple[int, int]]) -> bytes:
         position = end
     pieces.append(view[position:size])
     return b"".join(pieces)
-
-
-class _InputIds(msgspec.Struct, gc=False):
-    input_ids: msgspec.Raw = msgspec.Raw(b"null")
-
-
-_INPUT_IDS = msgspec.json.Decoder(_InputIds)
-
-
-def input_id_counts(data: bytes) -> list[int | None] | None:
-    """Per line of the whole lines `data` (prompts.jsonl): how many ids its ``input_ids``
-    array holds, None when it holds none (a text prompt), in one pass over the block.
-
-    None when the block does not take the fast path (a blank, bad or unusual line, a nested
-    ``input_ids``): read its lines one by one then.
-    """
-    spans = _array_spans(data, len(data), _ID_KEYS[1])
-    if spans is None:
-        return None
-    items = _decode_aligned(_INPUT_IDS, _emptied(data, len(data), spans) if spans else data)
-    if items is None:
-        return None
-    counts: list[int | None] = []
-    spans.reverse()
-    line_end = -1
-    for item in items:
-        line_end = data.index(b"\n", line_end + 1)
-        inside = []
-        while spans and spans[-1][0] < line_end:
-            inside.append(spans.pop())
-        raw = bytes(item.input_ids)
-        if len(inside) > 1 or (inside and raw != b"[]") or (not inside and raw.startswith(b"[")):
-            return None  # a nested input_ids, or a key written with escapes
-        counts.append(_items(data, *inside[0]) if inside else None)
-    return counts
-
-
-def _items(data: bytes, start: int, end: int) -> int:
-    """Items of a flat array of numbers whose bytes are data[start:end]."""
-    while start < end and data[start] in _SPACE:
-        start += 1
-    return data.count(b",", start, end) + 1 if start < end else 0
 
 
 _SPACE = frozenset(b" \t\r")

@@ -55,17 +55,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
-from workbench.columns import Stamp, cache_key, file_stamp, load_cached, load_summary, save_summary
+from workbench import prompt_scan
+from workbench.columns import load_cached
 from workbench.errors import DataError, InputError
-from workbench.records import (
-    ERRORS_FILE,
-    MANIFEST_FILE,
-    PROMPTS_FILE,
-    RAW_FILE,
-    Block,
-    input_id_counts,
-    iter_blocks,
-)
+from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, iter_blocks
 
 if TYPE_CHECKING:
     from workbench.columns import FileScan
@@ -93,7 +86,6 @@ PERCENTILES = (50, 90, 99)
 _TAIL_BYTES = 256
 _LINE_BLOCK = 8 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_PROMPT_KEY = cache_key("prompt-counts")
 
 T = TypeVar("T")
 _SERIALS = itertools.count()
@@ -501,12 +493,7 @@ class _ErrorLine(msgspec.Struct):
     ts: float | None = None
 
 
-class _PromptLine(msgspec.Struct):
-    input_ids: msgspec.Raw = msgspec.Raw(b"null")
-
-
 _ERROR_DECODER = msgspec.json.Decoder(_ErrorLine)
-_PROMPT_DECODER = msgspec.json.Decoder(_PromptLine)
 
 
 class _Errors:
@@ -542,36 +529,11 @@ class _Prompts:
         self.tokenized = 0
         self.tokens = 0
 
-    def from_cache(self, path: Path) -> bool:
-        """Take the counts kept for path as it is now (see columns.save_summary), if any."""
-        counts = load_summary(path, "prompt-counts", _PROMPT_KEY, tuple[int, int, int])
-        if counts is None:
-            return False
-        self.lines, self.tokenized, self.tokens = counts
-        return True
-
-    def save(self, path: Path, stamp: Stamp | None) -> None:
-        """Keep the counts of the whole of path, read when it had stamp."""
-        save_summary(path, "prompt-counts", _PROMPT_KEY, stamp,
-                     (self.lines, self.tokenized, self.tokens))
-
-    def add(self, data: bytes) -> None:
-        counts = input_id_counts(data)
-        if counts is not None:
-            known = [count for count in counts if count is not None]
-            self.lines += len(counts)
-            self.tokenized += len(known)
-            self.tokens += sum(known)
-            return
-        for text in _text_lines(data):
-            self.lines += 1
-            try:
-                ids = bytes(_PROMPT_DECODER.decode(text).input_ids).strip()
-            except msgspec.DecodeError:
-                continue
-            if ids.startswith(b"["):
-                self.tokenized += 1
-                self.tokens += ids.count(b",") + 1 if ids[1:-1].strip() else 0
+    def add(self, part: prompt_scan.PromptScan) -> None:
+        """Count the lines of a scan of the file (or of the bytes appended to it)."""
+        self.lines += part.lines
+        self.tokenized += part.tokenized
+        self.tokens += part.tokens
 
 
 # --- one dataset -----------------------------------------------------------------------------
@@ -665,21 +627,22 @@ class _Dataset:
             self.raw_cursor.advance(offset, scan.lines + 1)
 
     def _update_prompts(self) -> None:
+        """Count the whole file from the one read the reports share (kept beside it, see
+        :mod:`workbench.prompt_scan`), then only the bytes appended since."""
         change = self.prompts_cursor.poll()
         if change in ("reset", "gone"):
             self.prompts = _Prompts()
         if change in ("grown", "reset"):
             cursor = self.prompts_cursor
-            whole = cursor.offset == 0
-            stamp = file_stamp(cursor.path) if whole else None
-            if whole and self.prompts.from_cache(cursor.path):
-                cursor.advance(stamp[2] if stamp else 0, 1)
+            try:
+                part = (prompt_scan.summary(cursor.path) if cursor.offset == 0
+                        else prompt_scan.scan(cursor.path, offset=cursor.offset))
+            except FileNotFoundError:
                 return
-            for data, offset in _guarded(cursor.path, _line_chunks(cursor.path, cursor.offset)):
-                self.prompts.add(data)
-                cursor.advance(offset, 1)
-            if whole:
-                self.prompts.save(cursor.path, stamp)
+            except OSError as exc:
+                raise DataError(cursor.path, f"cannot read: {exc.strerror or exc}") from None
+            self.prompts.add(part)
+            cursor.advance(part.end_offset, 1)
 
     def snapshot(
         self, name: str, now: float, window: float, entry: Mapping[str, Any]

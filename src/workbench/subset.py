@@ -5,8 +5,10 @@ but a run in file order (`order: file`, or older runs) keeps the head of the fil
 biased when the file is sorted or grouped. Per dataset of a run directory:
 
     lengths    prompt tokens of the sent prompts (those with a record) against all of
-               prompts.jsonl (the dataset as prepared): means, their ratio, and the
-               two-sample Kolmogorov-Smirnov statistic D with its p-value (scipy)
+               prompts.jsonl (the dataset as prepared; text prompts: characters over
+               `TEXT_CHARS_PER_TOKEN`, see :mod:`workbench.prompt_scan`): means, their
+               ratio, and the two-sample Kolmogorov-Smirnov statistic D with its p-value
+               (scipy)
     shares     for each source-like field of the dataset file (`SOURCE_FIELDS`, text values,
                at most `MAX_LEVELS` distinct ones): each value's share of the sent prompts and
                of the whole file, the total variation distance, and the chi-square test of
@@ -27,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import pandas as pd
 
-from workbench.columns import cache_key, file_stamp, load_summary, save_summary
+from workbench import prompt_scan
 from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, read_sample_ids
 
 __all__ = ["SOURCE_FIELDS", "SubsetComparison", "compare_subsets"]
@@ -42,7 +43,6 @@ MAX_LEVELS = 50
 ALPHA = 0.01
 MEAN_TOLERANCE = 0.05
 SHARE_TOLERANCE = 0.05
-TEXT_CHARS_PER_TOKEN = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +53,6 @@ class SubsetComparison:
     length_curves: pd.DataFrame  # dataset, group ("whole" or "sent"), value, fraction (at or below)
     shares: pd.DataFrame  # dataset, field, value, whole_share, sent_share
     share_tests: pd.DataFrame  # dataset, field, levels, tvd, chi2, chi2_p, biased
-
-
-class _Prompt(msgspec.Struct):
-    sample_id: int | str
-    input_ids: list[int] | None = None
-    text: str | None = None
 
 
 def compare_subsets(run_dir: str | os.PathLike[str]) -> SubsetComparison:
@@ -100,44 +94,11 @@ def _run_datasets(root: Path) -> dict[str, Mapping[str, Any]]:
 
 
 def _prompt_lengths(path: Path) -> dict[int | str, int]:
-    """sample_id -> prompt tokens (text prompts: characters / TEXT_CHARS_PER_TOKEN), kept
-    beside the file while it is unchanged (prompts.jsonl is written once, before the replies)."""
+    """sample_id -> prompt tokens, from the one read of prompts.jsonl the reports share (kept
+    beside the file while it is unchanged: it is written once, before the replies)."""
     if not path.exists():
         return {}
-    cached = load_summary(path, "prompt-lengths", _LENGTHS_KEY, _Lengths)
-    if cached is not None:
-        return dict(zip(cached.ids, cached.lengths, strict=True))
-    stamp = file_stamp(path)
-    found = _read_prompt_lengths(path)
-    save_summary(path, "prompt-lengths", _LENGTHS_KEY, stamp,
-                 _Lengths(list(found), list(found.values())))
-    return found
-
-
-class _Lengths(msgspec.Struct):
-    ids: list[int | str]
-    lengths: list[int]
-
-
-_LENGTHS_KEY = cache_key("prompt-lengths", TEXT_CHARS_PER_TOKEN)
-
-
-def _read_prompt_lengths(path: Path) -> dict[int | str, int]:
-    decoder = msgspec.json.Decoder(_Prompt)
-    found: dict[int | str, int] = {}
-    with path.open("rb") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                prompt = decoder.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if prompt.input_ids is not None:
-                found[prompt.sample_id] = len(prompt.input_ids)
-            elif prompt.text is not None:
-                found[prompt.sample_id] = max(1, round(len(prompt.text) / TEXT_CHARS_PER_TOKEN))
-    return found
+    return prompt_scan.summary(path).length_of()
 
 
 def _curve(name: str, group: str, lengths: list[int]) -> list[tuple[str, str, int, float]]:

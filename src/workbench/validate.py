@@ -65,17 +65,8 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 import msgspec
 import numpy as np
 
-from workbench.columns import (
-    Columns,
-    FileScan,
-    Tally,
-    cache_key,
-    file_stamp,
-    load_cached,
-    load_summary,
-    save_cached,
-    save_summary,
-)
+from workbench import prompt_scan
+from workbench.columns import Columns, FileScan, Tally, cache_key, load_cached, save_cached
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile, get_profile
 from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, Row, iter_blocks
@@ -147,6 +138,8 @@ RECORD_RULES: tuple[str, ...] = (
 
 _PROBLEM_RULES = {"malformed": "parse_error", "not_object": "parse_error",
                   "bad_type": "bad_type", "torn": "torn_line"}
+_PROMPT_RULES = {**_PROBLEM_RULES, "no_id": "missing_field",
+                 "duplicate_id": "duplicate_sample_id"}  # prompt_scan's problem kinds
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 _RULE_ORDER = {rule: index for index, rule in enumerate(SEVERITY)}
 _MB = 1 << 20
@@ -792,22 +785,17 @@ class _Prompts:
     tally: Tally
 
 
-def _read_prompt_ids(path: Path, max_examples: int) -> _Prompts:
-    """Each prompt's first line; parse problems and repeats tallied (prompts.jsonl lines)."""
-    prompts = _Prompts({}, Tally(max_examples))
-    for block in iter_blocks(path):
-        for problem in block.problems:
-            prompts.tally.add(_PROBLEM_RULES[problem.kind], problem.line, problem.detail)
-        for row in block.rows:
-            if row.sample_id is None:
-                prompts.tally.add("missing_field", row.line, "cannot read sample_id")
-            elif row.sample_id in prompts.lines:
-                first = prompts.lines[row.sample_id]
-                prompts.tally.add("duplicate_sample_id", row.line,
-                                  f"sample_id {row.sample_id!r} also at line {first}")
-            else:
-                prompts.lines[row.sample_id] = row.line
-    return prompts
+def _read_prompts(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> _Prompts | None:
+    """Each prompt's first line; parse problems and repeats tallied (prompts.jsonl lines),
+    from the one read of prompts.jsonl the reports share (see :mod:`workbench.prompt_scan`)."""
+    path = ds.prompts_path
+    if not path.is_file():
+        return None
+    found = prompt_scan.summary(path, cache=cache)
+    tally = Tally(thresholds.max_examples)
+    for line, kind, detail in found.problems:
+        tally.add(_PROMPT_RULES[kind], line, detail)
+    return _Prompts(found.first_line_of(), tally)
 
 
 def _id_findings(
@@ -864,31 +852,6 @@ def _finding(
     if limit is not None and rate is not None and rate > limit:
         severity = "error"
     return Finding(rule, severity, count, examples[: thresholds.max_examples], rate)
-
-
-class _PromptIds(msgspec.Struct):
-    """What the rules need of prompts.jsonl, as cached (see columns.save_summary)."""
-
-    ids: list[SampleId]
-    lines: list[int]
-    tally: Tally
-
-
-def _read_prompts(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> _Prompts | None:
-    """The prompts' ids, from the cache while prompts.jsonl is unchanged, else read."""
-    path = ds.prompts_path
-    if not path.is_file():
-        return None
-    key = cache_key(thresholds.max_examples)
-    cached = load_summary(path, "prompt-ids", key, _PromptIds) if cache else None
-    if cached is not None:
-        return _Prompts(dict(zip(cached.ids, cached.lines, strict=True)), cached.tally)
-    stamp = file_stamp(path)
-    prompts = _read_prompt_ids(path, thresholds.max_examples)
-    if cache:
-        save_summary(path, "prompt-ids", key, stamp,
-                     _PromptIds(list(prompts.lines), list(prompts.lines.values()), prompts.tally))
-    return prompts
 
 
 def _dataset_report(
