@@ -8,10 +8,13 @@ import random
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
+import workbench.subset as subset_module
 from workbench.columns import CACHE_DIR
 from workbench.plots import subset_lengths_figure, subset_view
 from workbench.subset import compare_subsets
+from workbench.validate import scan_run
 
 
 def plant_run(root: Path, sent: list[int], count: int = 600) -> None:
@@ -68,3 +71,16 @@ def test_prompt_lengths_are_kept_while_prompts_are_unchanged(tmp_path: Path) -> 
     prompts.write_text("".join(json.dumps({"sample_id": i, "input_ids": [5] * 3}) + "\n"
                                for i in range(600)))
     assert compare_subsets(tmp_path / "run").lengths.iloc[0].mean_whole == 3
+
+
+def test_the_ids_of_a_scan_give_the_same_comparison_without_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plant_run(tmp_path, sent=list(range(0, 600, 3)))
+    run = tmp_path / "run"
+    read = compare_subsets(run)
+    scan = scan_run(run)
+    monkeypatch.setattr(subset_module, "read_sample_ids", lambda path: pytest.fail(f"read {path}"))
+    scanned = compare_subsets(run, scan=scan)
+    for name in ("lengths", "length_curves", "shares", "share_tests"):
+        pd.testing.assert_frame_equal(getattr(read, name), getattr(scanned, name))

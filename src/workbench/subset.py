@@ -14,7 +14,11 @@ biased when the file is sorted or grouped. Per dataset of a run directory:
                of the whole file, the total variation distance, and the chi-square test of
                the sent counts against the whole file's shares (p-value)
 
-Every prompt is counted in "whole", so a run that sent everything compares equal. A dataset
+A prompt is sent when a record has its id: the top-level ``sample_id`` of raw_responses.jsonl,
+or, given the run's scan (:func:`workbench.validate.scan_run`, not read again), each record's
+id as validation reads it (``sample_id``, else ``custom_id``, else ``id``): the same for the
+records the workbench writes. Every prompt is counted in "whole", so a run that sent everything
+compares equal. A dataset
 is flagged `biased` when the mean prompt length is off by more than `MEAN_TOLERANCE` and D's
 p-value is under `ALPHA`, or a field's chi-square p-value is under `ALPHA` with a total
 variation distance above `SHARE_TOLERANCE`.
@@ -27,13 +31,17 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from workbench import prompt_scan
-from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, read_sample_ids
+from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, SampleId, read_sample_ids
+
+if TYPE_CHECKING:
+    from workbench.columns import FileScan
+    from workbench.validate import RunScan
 
 __all__ = ["SOURCE_FIELDS", "SubsetComparison", "compare_subsets"]
 
@@ -55,8 +63,11 @@ class SubsetComparison:
     share_tests: pd.DataFrame  # dataset, field, levels, tvd, chi2, chi2_p, biased
 
 
-def compare_subsets(run_dir: str | os.PathLike[str]) -> SubsetComparison:
-    """The subset comparison of every dataset of `run_dir` that has prompts.jsonl."""
+def compare_subsets(
+    run_dir: str | os.PathLike[str], *, scan: RunScan | None = None
+) -> SubsetComparison:
+    """The subset comparison of every dataset of `run_dir` that has prompts.jsonl; with
+    `scan` (the run's scan_run result), the records' ids come from it."""
     root = Path(run_dir)
     datasets = _run_datasets(root)
     lengths, samples, shares, tests = [], [], [], []
@@ -64,7 +75,7 @@ def compare_subsets(run_dir: str | os.PathLike[str]) -> SubsetComparison:
         prompt_lengths = _prompt_lengths(root / name / PROMPTS_FILE)
         if not prompt_lengths:
             continue
-        sent_ids, _ = read_sample_ids(root / name / RAW_FILE) if (root / name / RAW_FILE).exists() else (set(), [])
+        sent_ids = _sent_ids(root / name / RAW_FILE, scan.files.get(name) if scan else None)
         sent = {k: v for k, v in prompt_lengths.items() if k in sent_ids}
         lengths.append(_length_row(name, list(prompt_lengths.values()), list(sent.values())))
         samples += _curve(name, "whole", list(prompt_lengths.values()))
@@ -91,6 +102,13 @@ def _run_datasets(root: Path) -> dict[str, Mapping[str, Any]]:
     if isinstance(listed, dict) and listed:
         return {name: entry if isinstance(entry, dict) else {} for name, entry in listed.items()}
     return {p.parent.name: {} for p in sorted(root.glob(f"*/{PROMPTS_FILE}"))}
+
+
+def _sent_ids(raw: Path, scanned: FileScan | None) -> set[SampleId]:
+    """The ids that have a record: from the scan of raw when given, else read."""
+    if scanned is not None:
+        return {sid for sid in scanned.columns.sample_id if sid is not None}
+    return read_sample_ids(raw)[0] if raw.exists() else set()
 
 
 def _prompt_lengths(path: Path) -> dict[int | str, int]:
