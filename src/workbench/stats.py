@@ -47,7 +47,7 @@ import math
 import os
 import time
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -321,11 +321,13 @@ class _IdIndex:
         self.ints = array("q")
         self.keys = array("q")
 
-    def add(self, sample_id: object) -> None:
-        if _is_int64(sample_id):
-            self.ints.append(sample_id)
-        else:
-            self.keys.append(hash(sample_id))
+    def extend(self, sample_ids: Iterable[object]) -> None:
+        ints = self.ints
+        for sample_id in sample_ids:
+            if _is_int64(sample_id):
+                ints.append(sample_id)
+            elif sample_id is not None:
+                self.keys.append(hash(sample_id))
 
     def without_records(self, ids: Iterable[object]) -> set[object]:
         """The ids of ``ids`` that no record has."""
@@ -383,63 +385,61 @@ class _Raw:
     def add_block(self, block: Block, cutoff: float, unresolved: set[object]) -> None:
         bad_lines = sum(1 for p in block.problems if p.kind != "torn")
         torn = any(p.kind == "torn" for p in block.problems)
-        self.add_rows(block.rows, bad_lines, torn, cutoff, unresolved)
+        rows = block.rows
+        fields = _Fields(*([getattr(row, name) for row in rows] for name in _Fields._fields))
+        self.add_fields(fields, bad_lines, torn, cutoff, unresolved)
 
     def add_scan(self, scan: FileScan, cutoff: float, unresolved: set[object]) -> None:
-        """Count the records of a scan (see :func:`workbench.validate.scan_run`) as rows."""
+        """Count the records of a scan (see :func:`workbench.validate.scan_run`)."""
         c = scan.columns
-        rows = list(map(_ColumnRow, c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
-                        c.cached_tokens, c.finish_reason, c.ts))
         counts = scan.tally.counts
         bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
-        self.add_rows(rows, bad_lines, scan.torn is not None, cutoff, unresolved)
+        fields = _Fields(c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
+                         c.cached_tokens, c.finish_reason, c.ts)
+        self.add_fields(fields, bad_lines, scan.torn is not None, cutoff, unresolved)
 
-    def add_rows(self, rows: Sequence[Any], bad_lines: int, torn: bool, cutoff: float,
-                 unresolved: set[object]) -> None:
-        self.records += len(rows)
+    def add_fields(self, fields: _Fields, bad_lines: int, torn: bool, cutoff: float,
+                   unresolved: set[object]) -> None:
+        """Count records given as one list per field, in file order."""
+        self.records += len(fields.layout)
         self.bad_lines += bad_lines
         self.torn = torn
-        self._add_counts(rows)
-        self._add_labels(rows, unresolved)
-        self._add_times(rows, cutoff)
-        self.last.extend(
-            (r.completion_tokens is None, r.prompt_tokens is None, r.finish_reason)
-            for r in rows[-(self.last.maxlen or 1) :]
-        )
+        self._add_counts(fields)
+        self._add_labels(fields, unresolved)
+        self._add_times(fields, cutoff)
+        size = self.last.maxlen or 1
+        self.last.extend(zip((c is None for c in fields.completion_tokens[-size:]),
+                             (p is None for p in fields.prompt_tokens[-size:]),
+                             fields.finish_reason[-size:]))
 
-    def _add_counts(self, rows: Sequence[Any]) -> None:
-        completions = self.completions
-        for row in rows:
-            if row.completion_tokens is not None:
-                completions.append(min(row.completion_tokens, _INT64[1]))  # JSON allows uint64
-                self.completion_tokens += row.completion_tokens
-            if row.prompt_tokens is not None:
-                self.prompt_tokens += row.prompt_tokens
-                self.prompt_counted += 1
-            if row.cached_tokens is not None:
-                self.cached_tokens += row.cached_tokens
+    def _add_counts(self, fields: _Fields) -> None:
+        completions = [c for c in fields.completion_tokens if c is not None]
+        self.completions.extend([min(c, _INT64[1]) for c in completions])  # JSON allows uint64
+        self.completion_tokens += sum(completions)
+        prompts = [p for p in fields.prompt_tokens if p is not None]
+        self.prompt_tokens += sum(prompts)
+        self.prompt_counted += len(prompts)
+        self.cached_tokens += sum(c for c in fields.cached_tokens if c is not None)
 
-    def _add_labels(self, rows: Sequence[Any], unresolved: set[object]) -> None:
-        reasons, layouts, ids = self.reasons, self.layouts, self.ids
-        for row in rows:
-            reason = row.finish_reason if row.finish_reason is not None else "missing"
-            reasons[reason] = reasons.get(reason, 0) + 1
-            layouts[row.layout] = layouts.get(row.layout, 0) + 1
-            if row.sample_id is not None:
-                ids.add(row.sample_id)
-                if unresolved:
-                    unresolved.discard(row.sample_id)
+    def _add_labels(self, fields: _Fields, unresolved: set[object]) -> None:
+        for counts, values in ((self.reasons, fields.finish_reason), (self.layouts, fields.layout)):
+            for value, count in Counter(values).items():
+                key = "missing" if value is None else value
+                counts[key] = counts.get(key, 0) + count
+        self.ids.extend(fields.sample_id)
+        if unresolved:
+            unresolved.difference_update(fields.sample_id)
 
-    def _add_times(self, rows: Sequence[Any], cutoff: float) -> None:
-        window = self.window
-        for row in rows:
-            ts = row.ts
-            if ts is None:
-                continue
-            if self.first_ts is None or ts < self.first_ts:
-                self.first_ts = ts
-            if ts > cutoff:
-                window.append((ts, row.completion_tokens or 0))
+    def _add_times(self, fields: _Fields, cutoff: float) -> None:
+        times = [ts for ts in fields.ts if ts is not None]
+        if not times:
+            return
+        first = min(times)
+        if self.first_ts is None or first < self.first_ts:
+            self.first_ts = first
+        self.window.extend((ts, tokens or 0) for ts, tokens
+                           in zip(fields.ts, fields.completion_tokens, strict=True)
+                           if ts is not None and ts > cutoff)
 
     def recent_counts(self) -> tuple[int, ...]:
         """(rows, missing completion, missing prompt, truncated, with a reason) of the last rows."""
@@ -476,16 +476,16 @@ def _nearest_ranks(arrays: Sequence[array[int]]) -> tuple[tuple[int | None, ...]
     return tuple(int(values[k]) for k in ranks), int(values.max())
 
 
-class _ColumnRow(NamedTuple):
-    """What the counts need of a record, from a scan's columns."""
+class _Fields(NamedTuple):
+    """What the counts need of records: one list per field, in file order."""
 
-    sample_id: object
-    layout: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cached_tokens: int | None
-    finish_reason: str | None
-    ts: float | None
+    sample_id: Sequence[object]
+    layout: Sequence[str]
+    prompt_tokens: Sequence[int | None]
+    completion_tokens: Sequence[int | None]
+    cached_tokens: Sequence[int | None]
+    finish_reason: Sequence[str | None]
+    ts: Sequence[float | None]
 
 
 class _ErrorLine(msgspec.Struct):
