@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from workbench.budget import BudgetProjection
+from workbench.budget import BudgetProjection, poisson_quantile
 
 CAP = 2048
 BUDGET = 20_000
@@ -80,3 +80,18 @@ def test_an_old_request_in_flight_is_projected_at_the_cap() -> None:
     assert young.expected > CAP  # the old one at the cap, plus a new one
     assert both.expected - young.expected < 300
     assert 0.9 < young.at_cap < 1.2
+
+
+@pytest.mark.parametrize("mean", [0.0, 1e-6, 0.03, 0.5, 1.0, 3.3, 17.0, 150.0, 499.0])
+@pytest.mark.parametrize("level", [0.5, 0.9, 0.98, 0.999])
+def test_the_poisson_quantile_is_scipys(mean: float, level: float) -> None:
+    from scipy.stats import poisson
+
+    assert poisson_quantile(mean, level) == int(poisson.ppf(level, mean))
+
+
+@pytest.mark.parametrize("mean", [501.0, 900.0, 5000.0, 1e5])
+def test_a_large_poisson_quantile_is_within_one_count(mean: float) -> None:
+    from scipy.stats import poisson
+
+    assert abs(poisson_quantile(mean, 0.98) - int(poisson.ppf(0.98, mean))) <= 1

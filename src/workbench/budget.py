@@ -33,13 +33,15 @@ kept are the last `WINDOW` (memory stays bounded on long runs).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BudgetProjection", "Projection"]
+__all__ = ["BudgetProjection", "Projection", "poisson_quantile"]
 
 WINDOW = 4096
 MARGIN = 2.0
@@ -103,10 +105,24 @@ class Projection(NamedTuple):
         """Room kept for the sum to run long: `MARGIN` times its spread, or the room for the
         requests that may run to the cap beyond the expected number (the count's
         1 - `ALPHA` quantile, a Poisson approximation), whichever is larger."""
-        from scipy.stats import poisson  # imported when a budget nears its end
-
-        extra = float(poisson.ppf(1.0 - ALPHA, self.at_cap)) - self.at_cap
+        extra = poisson_quantile(self.at_cap, 1.0 - ALPHA) - self.at_cap
         return max(MARGIN * self.spread, extra * (max_new_tokens - self.lowest))
+
+
+def poisson_quantile(mean: float, level: float) -> int:
+    """The smallest count c with P(Poisson(mean) <= c) >= level (scipy.stats.poisson.ppf's
+    value; summed here because importing scipy.stats takes about a second, which would
+    stall the runner's event loop when a budget first nears its end). Past a mean of 500,
+    where exp(-mean) heads for underflow, the normal approximation (within one count)."""
+    if mean > 500:
+        return math.ceil(mean + NormalDist().inv_cdf(level) * math.sqrt(mean) - 0.5)
+    count, term = 0, math.exp(-mean)
+    total = term
+    while total < level and term > 0.0:
+        count += 1
+        term *= mean / count
+        total += term
+    return count
 
 
 def _length_moments(finished: np.ndarray, ages: np.ndarray,
