@@ -21,7 +21,7 @@ import yaml
 from browser import open_page
 from conftest import EXAMPLES, ROOT, generate_run, workbench
 
-from workbench.errors import ConfigError, ReportError
+from workbench.errors import ConfigError, InputError, ReportError
 from workbench.explore import filter_records, record_frame
 from workbench.records import Record, encode_line
 from workbench.reports import (
@@ -230,6 +230,49 @@ def test_failing_cell_is_named(run: dict[str, Any], tmp_path: Path) -> None:
     assert str(executed.resolve()) in message
 
 
+def _notebook(folder: Path, *sources: str) -> Path:
+    """A notebook of these code cells, the first tagged parameters."""
+    cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    cells[0].metadata["tags"] = ["parameters"]
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, folder / "slow.ipynb")
+    return folder
+
+
+def test_a_cell_timeout_keeps_the_cells_that_ran(tmp_path: Path) -> None:
+    notebooks = _notebook(tmp_path / "nb", "run_dir = None", "print('first cell ran')",
+                          "import time\ntime.sleep(60)")
+    with pytest.raises(ReportError, match=r"^slow: cell 2 \(import time\) execution failed: CellTimeoutError: "
+                       r"A cell timed out .* after 3 seconds\. \(executed notebook: [^\n]*slow\.ipynb\)$"):
+        run_report("slow", None, {}, tmp_path / "out", notebooks=notebooks, timeout=3)
+    executed = nbformat.read(next((tmp_path / "out").glob("slow-*/slow.ipynb")), as_version=4)
+    assert [o.get("text") for o in executed.cells[2].outputs] == ["first cell ran\n"]
+
+
+def test_the_executed_notebook_is_written_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not after every cell: each write serializes the whole notebook, plotly.js and all."""
+    notebooks = _notebook(tmp_path / "nb", "run_dir = None", *(f"print({k})" for k in range(6)))
+    writes: list[int] = []
+    original = nbformat.writes
+    monkeypatch.setattr(nbformat, "writes", lambda nb, *a, **k: writes.append(1) or original(nb, *a, **k))
+    result = run_report("slow", None, {}, tmp_path / "out", notebooks=notebooks)
+    assert len(writes) == 1
+    executed = nbformat.read(result.notebook_path, as_version=4)
+    assert [c.outputs[0]["text"] for c in executed.cells[2:]] == [f"{k}\n" for k in range(6)]
+
+
+def test_missing_input_folders_fail_before_a_kernel_starts(run: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^tokenizer: directory not found: .*no-tokenizer$"):
+        run_report("explore", None, {"run_dir": str(run["out"]), "tokenizer": str(tmp_path / "no-tokenizer")},
+                   tmp_path / "out")
+    with pytest.raises(InputError, match=r"no-run: not a run directory"):
+        run_report("explore", None, {"run_dir": str(run["out"]), "compare_run_dir": str(tmp_path / "no-run")},
+                   tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_or_mistyped_parameters_name_key_and_file(tmp_path: Path) -> None:
     notebook = NOTEBOOKS / "token_distribution.ipynb"
     with pytest.raises(ConfigError, match=r"p\.yaml:\d+: colour: unknown key \(known: bins, log_axis, "):
@@ -253,8 +296,8 @@ def test_parameters_files_overrides_and_paths(tmp_path: Path, monkeypatch: pytes
                                                                "now=12.5"]))
     assert values == {"run_dir": str(tmp_path / "out"), "excerpt_chars": 100,
                       "tokenizer": str(tmp_path / "tok"), "model_profile": "qwen3", "now": 12.5}
-    assert parse_overrides(["a=true", "b=3", "c=null", "d=x/y", "e="]) == {
-        "a": True, "b": 3, "c": None, "d": "x/y", "e": ""}
+    assert parse_overrides(["a=true", "b=3", "c=null", "d=x/y", "e=", "f=None", "g=none"]) == {
+        "a": True, "b": 3, "c": None, "d": "x/y", "e": "", "f": None, "g": "none"}
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_overrides(["novalue"])
 

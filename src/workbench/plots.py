@@ -123,8 +123,9 @@ def setup_notebook(offline: bool | None = None) -> None:
     from workbench.reports import fast_jupyter_imports
 
     fast_jupyter_imports()  # plotly's renderers import nbformat
-    pio.templates[TEMPLATE] = _template()
-    pio.templates.default = f"plotly_white+{TEMPLATE}"
+    # merged once: a "plotly_white+workbench" default is merged again for every figure
+    pio.templates[TEMPLATE] = pio.templates.merge_templates("plotly_white", _template())
+    pio.templates.default = TEMPLATE
     if offline is None:
         offline = os.environ.get(REPORT_ENV) == "1"
     if offline:

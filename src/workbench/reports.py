@@ -249,14 +249,15 @@ def _given(value: msgspec.Struct) -> dict[str, Any]:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``["key=value", ...]`` as a dict, each value read as a YAML scalar (``true``, ``3``,
-    ``null``, ``a/b``); ConfigError for an item without ``=`` or with a non-scalar value."""
+    ``null``, ``a/b``), Python's ``None`` also read as null (as the notebooks write it);
+    ConfigError for an item without ``=`` or with a non-scalar value."""
     found: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError("-p", f"expected key=value, got {item!r}")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = None if text.strip() == "None" else yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
         if isinstance(value, dict | list):
@@ -386,12 +387,28 @@ def _source_index(executed: Path, cell_index: int) -> int:
     return cell_index - 1 if injected and injected[0] < cell_index else cell_index
 
 
+def _cell(executed: Path, index: int, source: str) -> str:
+    """``cell N (its first line)``, N the cell's index in the source notebook."""
+    first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    return f"cell {_source_index(executed, index)} ({first})"
+
+
 def _failure(name: str, executed: Path, exc: Any) -> ReportError:
-    lines = [line for line in str(exc.source).splitlines() if line.strip()]
-    first = lines[0].strip() if lines else ""
-    index = _source_index(executed, exc.cell_index)
-    return ReportError(f"{name}: cell {index} ({first}) raised {exc.ename}: {exc.evalue} "
-                       f"(executed notebook: {executed})")
+    return ReportError(f"{name}: {_cell(executed, exc.cell_index, str(exc.source))} raised "
+                       f"{exc.ename}: {exc.evalue} (executed notebook: {executed})")
+
+
+def _running_cell(executed: Path) -> str:
+    """``cell N (its first line) `` of the last cell papermill started before the run
+    stopped (a timeout, a dead kernel), else nothing."""
+    import nbformat
+
+    with contextlib.suppress(OSError, ValueError):
+        cells = nbformat.read(executed, as_version=4).cells
+        started = [i for i, cell in enumerate(cells) if cell.metadata.get("papermill", {}).get("start_time")]
+        if started:
+            return f"{_cell(executed, started[-1], cells[started[-1]].source)} "
+    return ""
 
 
 @contextlib.contextmanager
@@ -408,39 +425,67 @@ def _report_kernel_env() -> Iterator[None]:
             os.environ[REPORT_ENV] = previous
 
 
+@functools.cache
+def _engine() -> str:
+    """A papermill engine (registered once) that writes the executed notebook when the run
+    ends, however it ends, instead of after every cell as papermill's default does: each
+    save serializes and validates the whole notebook, plotly.js inlined in it (megabytes),
+    which cost a report more than its data did."""
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.iorw import write_ipynb
+
+    class SaveAtEnd(NBClientEngine):  # type: ignore[misc]
+        @classmethod
+        def execute_notebook(cls, nb: Any, kernel_name: str, output_path: str | None = None,
+                             **kwargs: Any) -> Any:
+            try:
+                return super().execute_notebook(nb, kernel_name, output_path=None, **kwargs)
+            except BaseException:  # a timeout, a dead kernel: keep what ran
+                if output_path:
+                    write_ipynb(nb, output_path)
+                raise
+
+    papermill_engines.register("workbench", SaveAtEnd)
+    return "workbench"
+
+
 def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str, Any],
-             timeout: float | None) -> None:
+             timeout: float | None) -> Any:
+    """The executed notebook (also written to `executed`)."""
     fast_jupyter_imports()
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     try:
         with _report_kernel_env():
-            papermill.execute_notebook(
+            return papermill.execute_notebook(
                 str(notebook), str(executed), parameters=dict(parameters), kernel_name="python3",
-                progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout,
-                kernel_manager_class=_kernel_manager_class())
+                engine_name=_engine(), progress_bar=False, cwd=str(notebook.parent),
+                execution_timeout=timeout, kernel_manager_class=_kernel_manager_class())
     except PapermillExecutionError as exc:
         raise _failure(name, executed, exc) from None
     except (RuntimeError, TimeoutError, OSError) as exc:  # a dead kernel, a cell timeout,
         # a kernel that would not start (nbclient's errors derive from the first two)
-        raise ReportError(f"{name}: execution failed: {type(exc).__name__}: {exc} "
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise ReportError(f"{name}: {_running_cell(executed)}execution failed: "
+                          f"{type(exc).__name__}: {first} "
                           f"(executed notebook: {executed})") from None
 
 
-def export_html(notebook: str | os.PathLike[str], html_path: str | os.PathLike[str], title: str) -> Path:
-    """An executed notebook as one self-contained HTML page: code and prompts hidden, no
-    script loaded from the network (figures carry plotly.js inline)."""
+def export_html(notebook: Any, html_path: str | os.PathLike[str], title: str) -> Path:
+    """An executed notebook (its path, or the notebook papermill returned) as one
+    self-contained HTML page: code and prompts hidden, no script loaded from the network
+    (figures carry plotly.js inline)."""
     fast_jupyter_imports()
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
 
+    nb = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(notebook, as_version=4)
     exporter = HTMLExporter(
         template_name="lab", exclude_input=True, exclude_input_prompt=True,
         exclude_output_prompt=True, extra_loaders=[jinja2.DictLoader({"workbench.html.j2": _TEMPLATE})],
         template_file="workbench.html.j2")
-    nb = nbformat.read(notebook, as_version=4)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     path = Path(html_path)
     path.write_text(body, encoding="utf-8")
@@ -466,10 +511,7 @@ def run_report(
 
     notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
-    if parameters.get("run_dir") is not None:
-        from workbench.stats import check_run_dir
-
-        check_run_dir(parameters["run_dir"])
+    _check_inputs(parameters)
     started, wall = time.perf_counter(), time.time()
     parameters = _complete(notebook, parameters, wall)
     folder = _report_folder(Path(out_dir), name, wall)
@@ -477,15 +519,29 @@ def run_report(
     provenance.write_manifest(folder, name, notebook.resolve(),
                               provenance.input_files(parameters, PATH_PARAMETERS), wall)
     executed = folder / f"{name}.ipynb"
-    _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
+    nb = _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
     provenance.finish_manifest(folder)
     ran = time.perf_counter()
     title = name.replace("_", " ").capitalize()
-    html_path = export_html(executed, folder / f"{name}.html", title)
+    html_path = export_html(nb, folder / f"{name}.html", title)
     link_latest(folder, name)
     done = time.perf_counter()
     seconds = {"notebook": ran - started, "html": done - ran, "total": done - started}
     return ReportResult(name, html_path.resolve(), executed.resolve(), parameters, seconds)
+
+
+def _check_inputs(parameters: Mapping[str, Any]) -> None:
+    """The given run folders and tokenizer exist (before a kernel starts): InputError or
+    ConfigError naming the parameter."""
+    from workbench.stats import check_run_dir
+
+    if parameters.get("run_dir") is not None:
+        check_run_dir(parameters["run_dir"])
+    if parameters.get("compare_run_dir") is not None:
+        check_run_dir(parameters["compare_run_dir"])
+    tokenizer = parameters.get("tokenizer")
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise ConfigError("tokenizer", f"directory not found: {tokenizer}")
 
 
 def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[str, Any]:
