@@ -278,3 +278,39 @@ async def test_retraction_count_is_read_when_sent() -> None:
         assert (await client.generate({"input_ids": [1]})).num_retractions == 2
     async with client_for(lambda r: httpx.Response(200, json=reply())) as client:
         assert (await client.generate({"input_ids": [1]})).num_retractions is None
+
+
+async def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends() -> None:
+    """SGLang's uvicorn closes a connection idle for 5 s; the client must not reuse one idle
+    that long (a request sent as the server closes it fails with "Server disconnected")."""
+    import anyio
+
+    from workbench.client import KEEPALIVE_SECONDS, default_transport
+
+    accepted = 0
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:  # HTTP/1.1, never closes first
+        nonlocal accepted
+        accepted += 1
+        async with stream:
+            buffer = b""
+            while True:
+                try:
+                    buffer += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                while b"\r\n\r\n" in buffer:
+                    _, buffer = buffer.split(b"\r\n\r\n", 1)
+                    await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    assert KEEPALIVE_SECONDS < 5
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(listener.serve, serve)
+            async with httpx.AsyncClient(transport=default_transport()) as client:
+                for pause in (0.0, 0.2, KEEPALIVE_SECONDS + 0.5):
+                    await anyio.sleep(pause)
+                    assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
+            tasks.cancel_scope.cancel()
+    assert accepted == 2  # the quick second request reused the connection, the late one did not

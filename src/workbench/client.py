@@ -183,13 +183,19 @@ def _redact_command(command: Any) -> Any:
     return _SECRET_FLAG.sub(r"\1\2***", command)
 
 
+# An idle connection is not reused after this long: under SGLang's (and the simulator's)
+# uvicorn keep-alive of 5 s (SGLANG_TIMEOUT_KEEP_ALIVE), so the client never sends a request
+# on a connection the server is closing ("Server disconnected" on a request's first attempt).
+KEEPALIVE_SECONDS = 4.0
+
+
 def default_transport() -> httpx.AsyncBaseTransport:
     """httpx over aiohttp with no connection cap (the runner bounds concurrency itself)."""
     import aiohttp
     from httpx_aiohttp import AiohttpTransport
 
     def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
         return aiohttp.ClientSession(connector=connector)
 
     return AiohttpTransport(client=session)

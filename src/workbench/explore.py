@@ -35,7 +35,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from workbench.validate import (
     failed_rules,
     load_run,
     reasoning_expected,
+    rule_bit,
     scan_run,
 )
 
@@ -552,14 +553,11 @@ def _bucket_seconds(span: float, buckets: int) -> int:
     return next((s for s in _NICE_SECONDS if s >= wanted), math.ceil(wanted / 86400) * 86400)
 
 
-def _failure_times(columns: Columns) -> Iterator[tuple[float, Iterable[str]]]:
-    """(ts, rules failed) of every record of a dataset that has a ts."""
-    rules: dict[int, list[str]] = {}
-    for ts, mask in zip(columns.ts, columns.failed, strict=True):
-        if ts is not None:
-            if mask not in rules:
-                rules[mask] = failed_rules(mask)
-            yield float(ts), rules[mask]
+def _failure_times(columns: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """(ts, failed mask) of every record of a dataset that has a ts, as arrays."""
+    ts = np.array([math.nan if t is None else t for t in columns.ts], dtype="float64")
+    known = ~np.isnan(ts)
+    return ts[known], np.array(columns.failed, dtype="int64")[known]
 
 
 def findings_over_time(
@@ -580,51 +578,42 @@ def findings_over_time(
     `run_dir` may be a :func:`~workbench.validate.scan_run` result (nothing read again).
     """
     scan = _scanned(run_dir, model_profile)
-    events: list[tuple[str, float, Iterable[str]]] = []
-    for name, file in scan.files.items():
-        events.extend((name, ts, rules) for ts, rules in _failure_times(file.columns))
     names = list(scan.files)
-    if not events:
+    times = {name: _failure_times(file.columns) for name, file in scan.files.items()}
+    times = {name: found for name, found in times.items() if len(found[0])}
+    if not times:
         columns = ["dataset", "start", "seconds", "records", "rule", "count", "rate", "enough"]
         return _labelled(pd.DataFrame(columns=columns), names)
-    times = np.array([ts for _, ts, _ in events])
-    width = _bucket_seconds(float(times.max() - times.min()), buckets)
-    shaped = _bucketed(events, width)
+    every = np.concatenate([ts for ts, _ in times.values()])
+    width = _bucket_seconds(float(every.max() - every.min()), buckets)
+    shaped = _bucketed(times, width)
     shaped["enough"] = shaped["records"] >= min_records
     return _labelled(shaped, names)
 
 
-_Tallies = tuple[dict[tuple[str, float], int], dict[tuple[str, float, str], int]]
-
-
-def _tally(events: list[tuple[str, float, Iterable[str]]], width: int) -> _Tallies:
-    """Records per (dataset, bucket start) and failures per (dataset, bucket start, rule)."""
-    records: dict[tuple[str, float], int] = {}
-    failures: dict[tuple[str, float, str], int] = {}
-    for name, ts, failed in events:
-        key = (name, math.floor(ts / width) * width)
-        records[key] = records.get(key, 0) + 1
-        for rule in failed:
-            failures[(*key, rule)] = failures.get((*key, rule), 0) + 1
-    return records, failures
-
-
-def _bucketed(events: list[tuple[str, float, Iterable[str]]], width: int) -> pd.DataFrame:
+def _bucketed(times: Mapping[str, tuple[np.ndarray, np.ndarray]], width: int) -> pd.DataFrame:
     """Every bucket from the first record's to the last one's, per dataset (empty ones with
-    0 records and rate NaN, so plotted lines break where nothing was written)."""
-    records, failures = _tally(events, width)
-    starts = [start for _, start in records]
-    grid = np.arange(min(starts), max(starts) + width, width).tolist()
-    rules: list[str | None] = [*sorted({rule for _, _, rule in failures})] or [None]
-    rows = []
-    for name in dict.fromkeys(name for name, _ in records):
-        for start in grid:
-            count = records.get((name, start), 0)
-            for rule in rules:  # rule None: one row per bucket when no rule failed
-                hits = failures.get((name, start, rule), 0) if rule else 0
-                rows.append({"dataset": name, "start": start, "seconds": width, "records": count,
-                             "rule": rule, "count": hits, "rate": hits / count if count else math.nan})
-    frame = pd.DataFrame(rows)
+    0 records and rate NaN, so plotted lines break where nothing was written); per bucket,
+    one row per rule that failed anywhere (sorted), or one row of rule None."""
+    index = {name: np.floor(ts / width).astype("int64") for name, (ts, _) in times.items()}
+    first = min(int(i.min()) for i in index.values())
+    size = max(int(i.max()) for i in index.values()) - first + 1
+    masks = np.concatenate([mask for _, mask in times.values()])
+    rules: list[str | None] = [*sorted(failed_rules(int(np.bitwise_or.reduce(masks))))] or [None]
+    parts = []
+    for name, (_, mask) in times.items():
+        at = index[name] - first
+        records = np.bincount(at, minlength=size)
+        hits = np.stack([np.bincount(at[(mask & rule_bit(rule)) != 0], minlength=size)
+                         if rule else np.zeros(size, dtype="int64") for rule in rules], axis=1)
+        count = np.repeat(records, len(rules))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(count > 0, hits.ravel() / count, math.nan)
+        parts.append(pd.DataFrame({
+            "dataset": name, "start": np.repeat((first + np.arange(size)) * width, len(rules)),
+            "seconds": width, "records": count, "rule": rules * size, "count": hits.ravel(),
+            "rate": rate}))
+    frame = pd.concat(parts, ignore_index=True)
     frame["start"] = pd.to_datetime(frame["start"], unit="s", utc=True)
     return frame
 

@@ -14,8 +14,9 @@ parameter file's folder (the current directory for overrides). The kernel runs i
 notebook's folder, so the notebook's own defaults mean what they mean in JupyterLab.
 
 Execution. The kernel is ipykernel on this very interpreter (whatever kernelspecs are
-installed). A cell that raises stops the run with ReportError naming the cell (its index in
-the source notebook and its first line) and the exception; the executed notebook is kept.
+installed). A cell that raises or times out (or a kernel that dies) stops the run with
+ReportError naming the cell (its index in the source notebook and its first line) and the
+exception; the executed notebook is kept. It is written once, when the run ends.
 
 Values for tools and tests. Blocks built by :mod:`workbench.plots` carry the data they show
 as JSON under the output mimetype ``application/vnd.workbench.data+json``; papermill records

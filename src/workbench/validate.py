@@ -90,6 +90,7 @@ __all__ = [
     "load_run",
     "paused_gc",
     "reasoning_expected",
+    "rule_bit",
     "record_failures",
     "record_problems",
     "scan_run",
@@ -569,6 +570,11 @@ _RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}
 def failed_rules(mask: int) -> list[str]:
     """The per-record rules of a :class:`~workbench.columns.Columns` ``failed`` mask."""
     return [rule for rule, bit in _RULE_BITS.items() if mask & bit]
+
+
+def rule_bit(rule: str) -> int:
+    """The bit of a per-record rule in a ``failed`` mask (see :func:`failed_rules`)."""
+    return _RULE_BITS[rule]
 
 
 @dataclass(frozen=True, slots=True)
