@@ -21,6 +21,7 @@ import yaml
 from browser import open_page
 from conftest import EXAMPLES, ROOT, generate_run, workbench
 
+from workbench import provenance
 from workbench.errors import ConfigError, InputError, ReportError
 from workbench.explore import filter_records, record_frame
 from workbench.records import Record, encode_line
@@ -381,7 +382,9 @@ def test_report_folder_records_parameters_versions_and_inputs(run: dict[str, Any
     inputs = {Path(entry["path"]): entry for entry in manifest["inputs"]}
     raw = (run["out"] / "chat" / "raw_responses.jsonl").resolve()
     assert inputs[raw]["bytes"] == raw.stat().st_size
-    assert inputs[raw]["sha256"] == hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert inputs[raw]["content_hash"] == provenance.content_hash(raw)[1]  # tested in test_provenance
+    tokenizer = (run["tokenizer"] / "tokenizer.json").resolve()
+    assert inputs[tokenizer]["sha256"] == hashlib.sha256(tokenizer.read_bytes()).hexdigest()
     assert (run["out"] / "run.json").resolve() in inputs and (run["tokenizer"] / "tokenizer.json").resolve() in inputs
     explore_params = yaml.safe_load((reports["explore"].notebook_path.parent / "params.yaml").read_text())
     assert explore_params["interactive"] is False  # a report is static

@@ -15,6 +15,8 @@ workbench version, model profile, vocabulary size, reasoning, examples kept), so
 cache never changes a number. A cache that cannot be read is ignored, one that cannot be
 written is skipped; deleting the cache folder is always safe.
 
+The same append-aware cache keeps other values read of an append-only file
+(:func:`save_appended`; the block digests of :func:`workbench.provenance.content_hash`).
 Smaller files read whole (prompts.jsonl, written once before the requests) keep a summary
 instead (:func:`save_summary`), used while the file's identity, size and modification time
 are those it was read with.
@@ -42,14 +44,16 @@ __all__ = [
     "Tally",
     "cache_key",
     "file_stamp",
+    "load_appended",
     "load_cached",
     "load_summary",
+    "save_appended",
     "save_cached",
     "save_summary",
 ]
 
 CACHE_DIR = ".workbench-cache"
-_FORMAT = 1
+_FORMAT = 2
 _TAIL_BYTES = 256
 
 SampleId = int | str
@@ -148,8 +152,9 @@ class FileScan(msgspec.Struct):
         return offset, first
 
 
-class _Cached(msgspec.Struct):
-    """One cache file: the raw file's identity, the offset read and the scan up to it."""
+class _Appended(msgspec.Struct):
+    """One cache file of an append-only file: its identity, the offset read (and the bytes
+    just before it) and what was read up to it."""
 
     format: int
     version: str
@@ -157,21 +162,17 @@ class _Cached(msgspec.Struct):
     ident: tuple[int, int]
     offset: int
     tail: bytes
-    scan: FileScan
+    value: msgspec.Raw
 
 
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(_Cached)
+_DECODER = msgspec.msgpack.Decoder(_Appended)
 
 
 def cache_key(*parts: Any) -> str:
     """A short digest of the settings a scan depends on (with the format and version)."""
     text = repr((_FORMAT, workbench.__version__, *parts))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _cache_path(raw: Path, key: str) -> Path:
-    return raw.parent / CACHE_DIR / f"scan-{key}.msgpack"
 
 
 def _tail(raw: Path, offset: int) -> bytes:
@@ -181,43 +182,54 @@ def _tail(raw: Path, offset: int) -> bytes:
         return file.read(offset - start)
 
 
-def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
-    """(the cached scan of raw, the offset it reached), or None when there is no usable
-    cache: none, unreadable, other settings, or raw shrank or was replaced. Key None takes
-    the newest usable scan of any settings (for counts that depend on none of them)."""
+def load_appended(path: Path, kind: str, key: str | None, value_type: type[T]) -> tuple[T, int] | None:
+    """(what was kept of kind for path, the offset it was read to), or None when there is no
+    usable cache: none, unreadable, other settings, or path shrank, was replaced or its
+    bytes before that offset changed. Key None takes the newest usable one of any key."""
     if key is not None:
-        return _usable(raw, _cache_path(raw, key), key)
+        return _usable(path, _cache_file(path, kind, key), key, value_type)
     try:
-        paths = sorted((raw.parent / CACHE_DIR).glob("scan-*.msgpack"),
+        paths = sorted((path.parent / CACHE_DIR).glob(f"{kind}-*.msgpack"),
                        key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
         return None
-    return next(filter(None, (_usable(raw, path, None) for path in paths)), None)
+    return next(filter(None, (_usable(path, cache, None, value_type) for cache in paths)), None)
 
 
-def _usable(raw: Path, path: Path, key: str | None) -> tuple[FileScan, int] | None:
+def _usable(path: Path, cache: Path, key: str | None, value_type: type[T]) -> tuple[T, int] | None:
     try:
-        cached = _DECODER.decode(path.read_bytes())
-        st = os.stat(raw)
+        cached = _DECODER.decode(cache.read_bytes())
+        st = os.stat(path)
         same = (
             cached.format == _FORMAT and cached.version == workbench.__version__
             and (key is None or cached.key == key)
             and cached.ident == (st.st_dev, st.st_ino) and st.st_size >= cached.offset
-            and _tail(raw, cached.offset) == cached.tail
+            and _tail(path, cached.offset) == cached.tail
         )  # fmt: skip
+        return (msgspec.msgpack.decode(cached.value, type=value_type), cached.offset) if same else None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return (cached.scan, cached.offset) if same else None
+
+
+def save_appended(path: Path, kind: str, key: str, value: Any, offset: int) -> None:
+    """Keep value (what was read of path up to offset) for the next reader; best effort."""
+    with contextlib.suppress(OSError, OverflowError):  # ids past 64 bits: not cached
+        st = os.stat(path)
+        raw = msgspec.Raw(_ENCODER.encode(value))
+        _write(_cache_file(path, kind, key), _ENCODER.encode(
+            _Appended(_FORMAT, workbench.__version__, key, (st.st_dev, st.st_ino), offset,
+                      _tail(path, offset), raw)))
+
+
+def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
+    """(the cached scan of raw, the offset it reached), or None (see :func:`load_appended`).
+    Key None takes the newest usable scan of any settings (for counts that depend on none)."""
+    return load_appended(raw, "scan", key, FileScan)
 
 
 def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
     """Store scan (of raw up to the line start offset) for the next scan; best effort."""
-    with contextlib.suppress(OSError, OverflowError):  # ids past 64 bits: not cached
-        st = os.stat(raw)
-        kept = msgspec.structs.replace(scan, torn=None)
-        _write(_cache_path(raw, key), _ENCODER.encode(
-            _Cached(_FORMAT, workbench.__version__, key, (st.st_dev, st.st_ino), offset,
-                    _tail(raw, offset), kept)))
+    save_appended(raw, "scan", key, msgspec.structs.replace(scan, torn=None), offset)
 
 
 Stamp = tuple[int, int, int, int]
@@ -242,14 +254,14 @@ def file_stamp(path: Path) -> Stamp | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _summary_path(path: Path, kind: str, key: str) -> Path:
+def _cache_file(path: Path, kind: str, key: str) -> Path:
     return path.parent / CACHE_DIR / f"{kind}-{key}.msgpack"
 
 
 def load_summary(path: Path, kind: str, key: str, value_type: type[T]) -> T | None:
     """The summary of kind saved for path as it is now, or None."""
     try:
-        cached = msgspec.msgpack.decode(_summary_path(path, kind, key).read_bytes(),
+        cached = msgspec.msgpack.decode(_cache_file(path, kind, key).read_bytes(),
                                         type=_Summary)
         if (cached.format, cached.version, cached.key) != (_FORMAT, workbench.__version__, key):
             return None
@@ -268,7 +280,7 @@ def save_summary(path: Path, kind: str, key: str, stamp: Stamp | None, value: An
         raw = msgspec.Raw(_ENCODER.encode(value))
     except OverflowError:
         return  # an id past 64 bits (msgpack's range): read again next time
-    _write(_summary_path(path, kind, key),
+    _write(_cache_file(path, kind, key),
            _ENCODER.encode(_Summary(_FORMAT, workbench.__version__, key, stamp, raw)))
 
 

@@ -6,19 +6,26 @@ A report folder holds, next to the executed notebook and its HTML:
                    absolute, ``now`` pinned): ``workbench report NAME --params params.yaml``
                    runs it again
     report.json    the report's name and time, the notebook's digest, Python and package
-                   versions, and each input file read: its path, byte length and sha256
+                   versions, and each input file read: its path, byte length and digest
                    (``bytes_after`` too when it grew while the report ran)
 
 Input files are those of the path parameters: a run directory's ``run.json`` and each
 dataset's ``raw_responses.jsonl``, ``prompts.jsonl`` and ``errors.jsonl``; every file of a
 tokenizer or sweep folder; a parameter file. :func:`compare_inputs` tells, per input,
 whether it is unchanged, grew (its first recorded bytes unchanged), changed, missing or new.
+
+Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
+(``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
+are kept in the dataset's scan cache (:func:`workbench.columns.save_appended`): a report of
+a run that grew reads only its last block and what was appended, not the whole run again.
+Every other file gets its plain ``sha256``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Iterator, Mapping
@@ -29,14 +36,17 @@ from typing import Any
 
 import yaml
 
+from workbench.columns import load_appended, save_appended
 from workbench.errors import ConfigError
 from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE
 
 __all__ = [
+    "CONTENT_BLOCK",
     "MANIFEST",
     "PARAMS",
     "InputChange",
     "compare_inputs",
+    "content_hash",
     "digest",
     "input_files",
     "package_versions",
@@ -51,6 +61,8 @@ PACKAGES = ("workbench", "numpy", "pandas", "pyarrow", "msgspec", "plotly", "pap
             "nbformat", "ipykernel", "jupyterlab", "ipywidgets", "anywidget", "transformers", "tokenizers")
 _RUN_FILES = (RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
 _CHUNK = 1 << 20
+CONTENT_BLOCK = 4 << 20  # Dropbox's content hash block
+_BLOCKS_KIND = "digest"
 
 
 def digest(path: Path, length: int | None = None) -> tuple[int, str]:
@@ -64,6 +76,31 @@ def digest(path: Path, length: int | None = None) -> tuple[int, str]:
             sha.update(chunk)
             read += len(chunk)
     return read, sha.hexdigest()
+
+
+def content_hash(path: Path, length: int | None = None, *, cache: bool = False) -> tuple[int, str]:
+    """(bytes read, hex) of Dropbox's content hash of the file's first `length` bytes (all of
+    it, as long as it was when opened, by default): the sha256 of the concatenated sha256
+    digests of each 4 MiB block. With `cache`, the whole blocks' digests are kept beside the
+    file (see the module docstring) and taken from there while they fit it."""
+    blocks: list[bytes] = []
+    key = f"{path.name}-4MiB"  # one cache file per file of the folder
+    found = load_appended(path, _BLOCKS_KIND, key, list[bytes]) if cache else None
+    with path.open("rb") as file:
+        end = os.fstat(file.fileno()).st_size if length is None else length
+        if found is not None and found[1] <= end:
+            blocks = found[0]
+            file.seek(found[1])
+        read = len(blocks) * CONTENT_BLOCK
+        while read < end and (block := file.read(min(CONTENT_BLOCK, end - read))):
+            blocks.append(hashlib.sha256(block).digest())
+            read += len(block)
+            if len(block) < CONTENT_BLOCK:
+                break  # the file's end (or `length`)
+    whole = read // CONTENT_BLOCK
+    if cache and (found is None or found[1] < whole * CONTENT_BLOCK):
+        save_appended(path, _BLOCKS_KIND, key, blocks[:whole], whole * CONTENT_BLOCK)
+    return read, hashlib.sha256(b"".join(blocks)).hexdigest()
 
 
 def _run_files(root: Path) -> Iterator[Path]:
@@ -116,8 +153,12 @@ def write_parameters(folder: Path, parameters: Mapping[str, Any], name: str) -> 
 def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
     rows = []
     for key, path in files:
-        size, sha = digest(path)
-        rows.append({"parameter": key, "path": str(path), "bytes": size, "sha256": sha})
+        if path.name in _RUN_FILES:
+            size, found = content_hash(path, cache=True)
+            rows.append({"parameter": key, "path": str(path), "bytes": size, "content_hash": found})
+        else:
+            size, found = digest(path)
+            rows.append({"parameter": key, "path": str(path), "bytes": size, "sha256": found})
     return rows
 
 
@@ -177,8 +218,11 @@ def _compared(entry: Mapping[str, Any]) -> InputChange:
     if not path.is_file():
         return InputChange(str(path), "missing", was, None)
     size = path.stat().st_size
-    read, sha = digest(path, was)
-    if read == was and sha == entry["sha256"]:
+    if "content_hash" in entry:
+        read, found, recorded = *content_hash(path, was), entry["content_hash"]
+    else:
+        read, found, recorded = *digest(path, was), entry["sha256"]
+    if read == was and found == recorded:
         return InputChange(str(path), "unchanged" if size == was else "grew", was, size)
     return InputChange(str(path), "changed", was, size)
 
