@@ -82,13 +82,28 @@ def test_a_rewritten_or_shrunk_file_is_read_again(tmp_path: Path, monkeypatch: p
     assert content_hash(path, cache=True) == (len(changed), dropbox_hash(changed))
 
 
+def test_blocks_after_the_last_newline_are_not_kept(tmp_path: Path) -> None:
+    """A resumed run cuts its torn last line and appends past it: blocks of that line, kept,
+    would stand for bytes the file no longer has (even where the bytes before them match)."""
+    path = tmp_path / "raw_responses.jsonl"
+    lines, torn = b"a\n" * (3 * MiB), b"y" * (6 * MiB)  # a 6 MiB last line without its newline
+    path.write_bytes(lines + torn)
+    content_hash(path, cache=True)
+    with path.open("r+b") as file:
+        file.truncate(len(lines))
+    more = b"z\n" * (3 * MiB - 128) + b"y" * 256 + b"\n"  # the same bytes before 12 MiB as before
+    with path.open("ab") as file:
+        file.write(more)
+    assert content_hash(path, cache=True) == (len(lines) + len(more), dropbox_hash(lines + more))
+
+
 def test_run_files_get_the_content_hash_and_others_sha256(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "ds").mkdir(parents=True)
     (run / "run.json").write_text("{}")
     raw = run / "ds" / "raw_responses.jsonl"
     raw.write_bytes(payload(5 * MiB))
-    (run / "ds" / "prompts.jsonl").write_bytes(payload(50))  # its own cache, beside raw's
+    (run / "ds" / "prompts.jsonl").write_bytes(payload(5 * MiB, seed=3) + b"\n")  # its own cache
     files = provenance.input_files({"run_dir": str(run)}, ("run_dir",))
     inputs = {Path(e["path"]).name: e for e in provenance.write_manifest(tmp_path, "r", raw, files, 0.0)}
     assert inputs["raw_responses.jsonl"]["content_hash"] == dropbox_hash(raw.read_bytes())

@@ -185,7 +185,7 @@ def _tail(raw: Path, offset: int) -> bytes:
 def load_appended(path: Path, kind: str, key: str | None, value_type: type[T]) -> tuple[T, int] | None:
     """(what was kept of kind for path, the offset it was read to), or None when there is no
     usable cache: none, unreadable, other settings, or path shrank, was replaced or its
-    bytes before that offset changed. Key None takes the newest usable one of any key."""
+    last bytes before that offset changed. Key None takes the newest usable one of any key."""
     if key is not None:
         return _usable(path, _cache_file(path, kind, key), key, value_type)
     try:

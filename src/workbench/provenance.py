@@ -18,6 +18,8 @@ Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 (``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
 are kept in the dataset's scan cache (:func:`workbench.columns.save_appended`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
+Like the scan, it trusts the cached blocks while the file keeps its identity and the bytes
+just before the cached offset.
 Every other file gets its plain ``sha256``.
 """
 
@@ -81,25 +83,29 @@ def digest(path: Path, length: int | None = None) -> tuple[int, str]:
 def content_hash(path: Path, length: int | None = None, *, cache: bool = False) -> tuple[int, str]:
     """(bytes read, hex) of Dropbox's content hash of the file's first `length` bytes (all of
     it, as long as it was when opened, by default): the sha256 of the concatenated sha256
-    digests of each 4 MiB block. With `cache`, the whole blocks' digests are kept beside the
-    file (see the module docstring) and taken from there while they fit it."""
-    blocks: list[bytes] = []
+    digests of each 4 MiB block. With `cache`, the digests of the whole blocks before the
+    last newline are kept beside the file (see the module docstring; a torn last line may
+    be cut off when a run resumes) and taken from there while they fit it."""
     key = f"{path.name}-4MiB"  # one cache file per file of the folder
     found = load_appended(path, _BLOCKS_KIND, key, list[bytes]) if cache else None
+    blocks: list[bytes] = []
+    read = lines_end = 0
     with path.open("rb") as file:
         end = os.fstat(file.fileno()).st_size if length is None else length
-        if found is not None and found[1] <= end:
-            blocks = found[0]
-            file.seek(found[1])
-        read = len(blocks) * CONTENT_BLOCK
+        if found is not None and found[1] <= end and len(found[0]) * CONTENT_BLOCK == found[1]:
+            blocks, read = found
+            lines_end = read
+            file.seek(read)
         while read < end and (block := file.read(min(CONTENT_BLOCK, end - read))):
             blocks.append(hashlib.sha256(block).digest())
+            if (newline := block.rfind(b"\n")) >= 0:
+                lines_end = read + newline + 1
             read += len(block)
             if len(block) < CONTENT_BLOCK:
                 break  # the file's end (or `length`)
-    whole = read // CONTENT_BLOCK
-    if cache and (found is None or found[1] < whole * CONTENT_BLOCK):
-        save_appended(path, _BLOCKS_KIND, key, blocks[:whole], whole * CONTENT_BLOCK)
+    kept = lines_end // CONTENT_BLOCK
+    if cache and kept * CONTENT_BLOCK > (found[1] if found else 0):
+        save_appended(path, _BLOCKS_KIND, key, blocks[:kept], kept * CONTENT_BLOCK)
     return read, hashlib.sha256(b"".join(blocks)).hexdigest()
 
 

@@ -378,20 +378,20 @@ def link_latest(folder: Path, name: str) -> Path | None:
     return link
 
 
-def _source_index(executed: Path, cell_index: int) -> int:
+def _source_index(executed: Path, cell_index: int, cells: list[Any] | None = None) -> int:
     """The failing cell's index in the source notebook (papermill inserts one cell)."""
     fast_jupyter_imports()
     import nbformat
 
-    cells = nbformat.read(executed, as_version=4).cells
+    cells = nbformat.read(executed, as_version=4).cells if cells is None else cells
     injected = [i for i, c in enumerate(cells) if "injected-parameters" in c.metadata.get("tags", [])]
     return cell_index - 1 if injected and injected[0] < cell_index else cell_index
 
 
-def _cell(executed: Path, index: int, source: str) -> str:
+def _cell(executed: Path, index: int, source: str, cells: list[Any] | None = None) -> str:
     """``cell N (its first line)``, N the cell's index in the source notebook."""
     first = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    return f"cell {_source_index(executed, index)} ({first})"
+    return f"cell {_source_index(executed, index, cells)} ({first})"
 
 
 def _failure(name: str, executed: Path, exc: Any) -> ReportError:
@@ -408,7 +408,7 @@ def _running_cell(executed: Path) -> str:
         cells = nbformat.read(executed, as_version=4).cells
         started = [i for i, cell in enumerate(cells) if cell.metadata.get("papermill", {}).get("start_time")]
         if started:
-            return f"{_cell(executed, started[-1], cells[started[-1]].source)} "
+            return f"{_cell(executed, started[-1], cells[started[-1]].source, cells)} "
     return ""
 
 

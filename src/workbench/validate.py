@@ -90,9 +90,9 @@ __all__ = [
     "load_run",
     "paused_gc",
     "reasoning_expected",
-    "rule_bit",
     "record_failures",
     "record_problems",
+    "rule_bit",
     "scan_run",
     "validate_run",
 ]
