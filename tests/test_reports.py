@@ -310,6 +310,10 @@ def test_demo_parameter_files_fit_their_notebooks(
     monkeypatch.chdir(tmp_path)  # their outputs/ is the current folder's: where `workbench demo` writes
     values = load_parameters(NOTEBOOKS / f"{name}.ipynb", ROOT / "params" / f"{name}.demo.yaml")
     assert values["run_dir"] == str(tmp_path.resolve() / "outputs" / "demo")
+    given = str(ROOT.resolve() / "outputs" / "demo")  # an absolute path, as given, stays
+    values = load_parameters(NOTEBOOKS / f"{name}.ipynb", ROOT / "params" / f"{name}.demo.yaml",
+                             {"run_dir": given})
+    assert values["run_dir"] == given
 
 
 @pytest.mark.parametrize("name", REPORTS)

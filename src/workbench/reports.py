@@ -282,21 +282,21 @@ def _check_overrides(overrides: Mapping[str, Any], struct: type[msgspec.Struct])
 
 
 def _resolved(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The path parameters made absolute against base; a relative path of a packaged file
+    (base inside the packaged folder) that points into its ``outputs/`` (which the package
+    does not carry: the demo parameter files and notebooks point there) is taken under the
+    current folder instead, where `workbench demo` writes."""
     out = dict(values)
+    root = data_root().resolve()
+    packaged = base.resolve().is_relative_to(root)
     for key in PATH_PARAMETERS:
         if isinstance(out.get(key), str) and out[key]:
-            out[key] = str(_rebased((base / Path(out[key]).expanduser()).resolve()))
+            given = Path(out[key]).expanduser()
+            path = (base / given).resolve()
+            if packaged and not given.is_absolute() and path.is_relative_to(root / "outputs"):
+                path = Path.cwd().resolve() / path.relative_to(root)
+            out[key] = str(path)
     return out
-
-
-def _rebased(path: Path) -> Path:
-    """A path into the packaged folder's ``outputs/`` (which the package does not carry:
-    the demo parameter files point there) as the same path under the current folder, where
-    `workbench demo` writes. Any other path is returned as it is."""
-    root = data_root().resolve()
-    if path.is_relative_to(root / "outputs"):
-        return Path.cwd().resolve() / path.relative_to(root)
-    return path
 
 
 def load_parameters(
