@@ -19,8 +19,7 @@ Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 are kept in the dataset's scan cache (:func:`workbench.columns.save_appended`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
 Like the scan, it trusts the cached blocks while the file keeps its identity and the bytes
-just before the cached offset.
-Every other file gets its plain ``sha256``.
+just before the cached offset. Every other file gets its plain ``sha256``.
 """
 
 from __future__ import annotations
