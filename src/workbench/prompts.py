@@ -28,7 +28,7 @@ from workbench.config import DatasetSpec
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile
 
-__all__ = ["Prompt", "encode_messages", "estimate_text_tokens", "load_prompts", "load_tokenizer"]
+__all__ = ["Prompt", "check_tokenizer_dir", "encode_messages", "estimate_text_tokens", "load_prompts", "load_tokenizer"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 MAX_LINE_BYTES = 32 << 20  # far above any prompt; a longer line is not read into memory
@@ -268,10 +268,15 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     return _load_tokenizer(str(Path(path).expanduser().resolve()), trust_remote_code)
 
 
-@functools.cache
-def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
+def check_tokenizer_dir(path: str | Path) -> None:
+    """ConfigError unless path is a directory (before anything loads from it)."""
     if not Path(path).is_dir():
         raise ConfigError("tokenizer", f"directory not found: {path}")
+
+
+@functools.cache
+def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
+    check_tokenizer_dir(path)
     auto_tokenizer = _auto_tokenizer()
     try:
         return auto_tokenizer.from_pretrained(

@@ -534,15 +534,14 @@ def run_report(
 def _check_inputs(parameters: Mapping[str, Any]) -> None:
     """The given run folders and tokenizer exist (before a kernel starts): InputError or
     ConfigError naming the parameter."""
+    from workbench.prompts import check_tokenizer_dir
     from workbench.stats import check_run_dir
 
-    if parameters.get("run_dir") is not None:
-        check_run_dir(parameters["run_dir"])
-    if parameters.get("compare_run_dir") is not None:
-        check_run_dir(parameters["compare_run_dir"])
-    tokenizer = parameters.get("tokenizer")
-    if tokenizer is not None and not Path(tokenizer).is_dir():
-        raise ConfigError("tokenizer", f"directory not found: {tokenizer}")
+    for key in ("run_dir", "compare_run_dir"):
+        if parameters.get(key) is not None:
+            check_run_dir(parameters[key])
+    if parameters.get("tokenizer") is not None:
+        check_tokenizer_dir(parameters["tokenizer"])
 
 
 def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[str, Any]:
