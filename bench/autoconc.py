@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.client import SGLangClient
 from workbench.config import load_manifest
-from workbench.launch import ServerProcess, find_free_port, server_command
-from workbench.metrics import parse_metrics
-from workbench.records import read_sample_ids
-from workbench.runner import GenerateOptions, Runner
+from workbench.generate.runner import GenerateOptions, Runner
+from workbench.rundir.records import read_sample_ids
+from workbench.server.client import SGLangClient
+from workbench.server.launch import ServerProcess, find_free_port, server_command
+from workbench.server.metrics import parse_metrics
 
 PROFILE = "kimi-k2.5-8xrtx6000"
 UNTUNED: dict[str, Any] = {"mem_fraction_static": 0.80}

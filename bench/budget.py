@@ -29,12 +29,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from workbench import budget
-from workbench.client import SGLangClient
 from workbench.config import load_manifest
 from workbench.demo import DEMO_SIM_ARGS, start_simulator
-from workbench.records import read_rows
-from workbench.runner import GenerateOptions, RunSummary, run_generation
+from workbench.generate import budget
+from workbench.generate.runner import GenerateOptions, RunSummary, run_generation
+from workbench.rundir.records import read_rows
+from workbench.server.client import SGLangClient
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from workbench.profiles import get_profile
-from workbench.records import Record, encode_line
+from workbench.rundir.records import Record, encode_line
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MB = 1_000_000

@@ -27,11 +27,11 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench.client import SGLangClient, default_transport
 from workbench.config import load_manifest
 from workbench.demo import start_simulator
-from workbench.records import read_rows
-from workbench.runner import GenerateOptions, run_generation
+from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.rundir.records import read_rows
+from workbench.server.client import SGLangClient, default_transport
 
 
 @dataclass

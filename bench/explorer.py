@@ -24,10 +24,10 @@ from pathlib import Path
 
 from common import DATA_DIR, iter_records
 
-from workbench import explore
-from workbench.explorer import Explorer
-from workbench.records import RAW_FILE, encode_line
-from workbench.validate import scan_run
+from workbench.analyze import explore
+from workbench.analyze.validate import scan_run
+from workbench.report.explorer import Explorer
+from workbench.rundir.records import RAW_FILE, encode_line
 
 DATASETS = ("alpha", "beta")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from common import DATA_DIR, MB
 from validate import DATASET, bench_run
 
-from workbench.export import ExportOptions, ExportSummary, export_run
-from workbench.records import PROMPTS_FILE, RAW_FILE
+from workbench.export.exporter import ExportOptions, ExportSummary, export_run
+from workbench.rundir.records import PROMPTS_FILE, RAW_FILE
 
 
 def timed(run: Path, target: Path, options: ExportOptions, repeat: int) -> tuple[float, ExportSummary]:

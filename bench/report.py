@@ -41,11 +41,11 @@ from pathlib import Path
 import msgspec
 from common import DATA_DIR, MB, STYLES, best_seconds, iter_records
 
-from workbench.columns import CACHE_DIR
-from workbench.records import ErrorRecord, PromptRecord
-from workbench.reports import REPORTS, run_report
-from workbench.stats import StatsCollector
-from workbench.validate import validate_run
+from workbench.analyze.stats import StatsCollector
+from workbench.analyze.validate import validate_run
+from workbench.report.render import REPORTS, run_report
+from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.records import ErrorRecord, PromptRecord
 
 STATS_TARGET = 5.0
 REPORT_TARGET = 1.5
@@ -216,8 +216,8 @@ def report_seconds(name: str, run: Path, out: Path) -> float:
 
 SCAN_MEMORY = """
 import resource, sys
-from workbench import explore
-from workbench.validate import scan_run
+from workbench.analyze import explore
+from workbench.analyze.validate import scan_run
 scan = scan_run(sys.argv[1], only=sys.argv[2].split(","), cache=False)
 explore.record_frame(scan)
 usage = [resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common import MB, STYLES, records_file
 
-from workbench.records import DEFAULT_BLOCK_BYTES, iter_blocks, read_rows, read_sample_ids
+from workbench.rundir.records import DEFAULT_BLOCK_BYTES, iter_blocks, read_rows, read_sample_ids
 
 BASELINE_TARGET = 5.0
 RAW_TARGET = 0.7

@@ -33,8 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.launch import ServerProcess, find_free_port, server_command
-from workbench.records import (
+from workbench.rundir.records import (
     ERRORS_FILE,
     RAW_FILE,
     TORN_SUFFIX,
@@ -42,6 +41,7 @@ from workbench.records import (
     read_rows,
     read_sample_ids,
 )
+from workbench.server.launch import ServerProcess, find_free_port, server_command
 
 INTEGRITY_RULES = (
     "parse_error", "torn_line", "bad_type", "missing_field", "duplicate_sample_id",

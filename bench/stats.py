@@ -30,8 +30,8 @@ from pathlib import Path
 
 from common import DATA_DIR, MB, best_seconds, iter_records
 
-from workbench.records import ErrorRecord, PromptRecord, encode_line
-from workbench.stats import StatsCollector
+from workbench.analyze.stats import StatsCollector
+from workbench.rundir.records import ErrorRecord, PromptRecord, encode_line
 
 BASELINE_TARGET = 5.0
 IDLE_TARGET_MS = 20.0
@@ -126,7 +126,7 @@ def warm(root: Path) -> None:
 
 
 STATS_VIA_PYTHON = (
-    "import sys; from workbench.stats import render_stats; "
+    "import sys; from workbench.analyze.stats import render_stats; "
     "sys.stdout.write(render_stats(sys.argv[1], as_json=True))"
 )
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from common import DATA_DIR, MB, best_seconds, records_file
 
-from workbench.records import (
+from workbench.analyze.validate import SCAN_BLOCK_BYTES, validate_run
+from workbench.rundir.records import (
     PROMPTS_FILE,
     RAW_FILE,
     PromptRecord,
@@ -28,7 +29,6 @@ from workbench.records import (
     iter_blocks,
     read_rows,
 )
-from workbench.validate import SCAN_BLOCK_BYTES, validate_run
 
 TARGET_MB_S = 150.0
 DATASET = "bench"

@@ -86,7 +86,7 @@ def workbench(log: Path, *args: str) -> None:
 
 
 def digest(ids: Sequence[int]) -> str:
-    """The manifest's row digest (workbench.trainers.row_digest)."""
+    """The manifest's row digest (workbench.export.trainers.row_digest)."""
     return hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from workbench.demo import start_simulator
-from workbench.launch import ServerProcess
+from workbench.server.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -27,15 +27,15 @@ from conftest import EXAMPLES, workbench
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from workbench.analyze.stats import collect_stats, format_stats_table
+from workbench.analyze.validate import RecordChecker, format_report, validate_run
 from workbench.demo import start_simulator
 from workbench.errors import WorkbenchError
-from workbench.export import ExportOptions, export_run
-from workbench.launch import ServerProcess, find_free_port
+from workbench.export.exporter import ExportOptions, export_run
 from workbench.profiles import get_profile
-from workbench.records import PromptRecord, encode_line, parse_lines
-from workbench.stats import collect_stats, format_stats_table
-from workbench.columns import CACHE_DIR
-from workbench.validate import RecordChecker, format_report, validate_run
+from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.records import PromptRecord, encode_line, parse_lines
+from workbench.server.launch import ServerProcess, find_free_port
 
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 16}
 NO_KEY_ENV = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_API_KEY", "SGLANG_API_KEY")}

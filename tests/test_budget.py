@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from workbench.budget import BudgetProjection, poisson_quantile
+from workbench.generate.budget import BudgetProjection, poisson_quantile
 
 CAP = 2048
 BUDGET = 20_000

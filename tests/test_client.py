@@ -8,7 +8,6 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from workbench.client import SGLangClient, api_key_from_env, redact_url
 from workbench.errors import (
     BadRequest,
     ConnectionLost,
@@ -18,6 +17,7 @@ from workbench.errors import (
     ServerBusy,
     ServerUnreachable,
 )
+from workbench.server.client import SGLangClient, api_key_from_env, redact_url
 
 pytestmark = pytest.mark.anyio
 
@@ -285,7 +285,7 @@ async def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends()
     that long (a request sent as the server closes it fails with "Server disconnected")."""
     import anyio
 
-    from workbench.client import KEEPALIVE_SECONDS, default_transport
+    from workbench.server.client import KEEPALIVE_SECONDS, default_transport
 
     accepted = 0
 

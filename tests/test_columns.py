@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
-import workbench.validate as validate_module
-from workbench import explore, plots, prompt_scan
-from workbench.columns import CACHE_DIR
-from workbench.records import PromptRecord, Record, encode_line
-from workbench.stats import collect_stats
-from workbench.subset import compare_subsets
-from workbench.validate import RunScan, scan_run
+import workbench.analyze.validate as validate_module
+from workbench.analyze import explore
+from workbench.analyze.stats import collect_stats
+from workbench.analyze.subset import compare_subsets
+from workbench.analyze.validate import RunScan, scan_run
+from workbench.report import plots
+from workbench.rundir import prompt_scan
+from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.records import PromptRecord, Record, encode_line
 
 THINK_END, IM_END = 163607, 163586
 T0 = 1_750_000_000.0
@@ -197,7 +199,7 @@ def test_an_unwritable_cache_folder_is_skipped(run: Path) -> None:
 def test_stats_read_only_what_follows_a_cached_scan(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workbench.stats as stats_module
+    import workbench.analyze.stats as stats_module
 
     scan_run(run, model_profile="qwen3")  # any profile: the counts depend on none
     cached = (run / "a" / "raw_responses.jsonl").stat().st_size

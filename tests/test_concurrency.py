@@ -11,7 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from workbench.concurrency import QUEUE_MIN, AutoConcurrency, Limiter, ServerReading, read_servers
+from workbench.generate.concurrency import (
+    QUEUE_MIN,
+    AutoConcurrency,
+    Limiter,
+    ServerReading,
+    read_servers,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -104,7 +110,7 @@ async def test_read_servers_through_a_router_reads_each_worker() -> None:
             return httpx.Response(200, text=metrics(5 if host == "w1" else 7, 2))
         return httpx.Response(404)
 
-    from workbench.client import SGLangClient
+    from workbench.server.client import SGLangClient
 
     transport = httpx.MockTransport(handler)
     async with SGLangClient("http://router", transport=transport) as client:
@@ -123,10 +129,11 @@ def _auto_run(tmp_path: Path, sim: dict[str, Any], dataset: dict[str, Any]) -> t
     """Generate the pretokenized examples with `auto` on a simulator: run.json's concurrency
     record and the runner's events."""
     from conftest import EXAMPLES, write_manifest
-    from workbench.client import SGLangClient
+
     from workbench.config import load_manifest
     from workbench.demo import start_simulator
-    from workbench.runner import GenerateOptions, run_generation
+    from workbench.generate.runner import GenerateOptions, run_generation
+    from workbench.server.client import SGLangClient
 
     server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0, **sim})
     try:

@@ -24,8 +24,8 @@ from browser import chromium_path
 from conftest import EXAMPLES, ROOT, generate_run
 from playwright import sync_api as playwright  # the test extra installs it
 
-from workbench.explore import record_detail
-from workbench.launch import find_free_port, group_members
+from workbench.analyze.explore import record_detail
+from workbench.server.launch import find_free_port, group_members
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import pytest
 from conftest import ROOT, workbench
 from test_plots import IM_END, SCRIPT, write_run
 
-from workbench import explore
+from workbench.analyze import explore
 from workbench.errors import ConfigError, InputError
-from workbench.explorer import Explorer
-from workbench.lab import explorer_notebook, set_parameters
-from workbench.reports import load_parameters, notebook_parameters
+from workbench.report.explorer import Explorer
+from workbench.report.lab import explorer_notebook, set_parameters
+from workbench.report.render import load_parameters, notebook_parameters
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import msgspec
 import pytest
 from conftest import EXAMPLES, write_manifest
 
-import workbench.export as export_module
+import workbench.export.exporter as export_module
 from workbench.errors import ConfigError, DataError
-from workbench.export import ExportOptions, export_run, format_summary
-from workbench.prompts import load_tokenizer
-from workbench.records import PromptRecord, Record, encode_line
+from workbench.export.exporter import ExportOptions, export_run, format_summary
+from workbench.generate.prompts import load_tokenizer
+from workbench.rundir.records import PromptRecord, Record, encode_line
 
 TS, TE, END = 163606, 163607, 163586
 PROMPT = [163594, 101, 102, 163606]

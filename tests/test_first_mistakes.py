@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, workbench, write_manifest
 
-from workbench.client import server_base_url
-from workbench.launch import ServerProcess
+from workbench.server.client import server_base_url
+from workbench.server.launch import ServerProcess
 
 
 def one_line_error(done: object) -> str:

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import EXAMPLES, jsonl, workbench, write_manifest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import EXAMPLES, jsonl, workbench, write_manifest
-from workbench.client import SGLangClient
 from workbench.config import load_manifest
-from workbench.launch import ServerProcess, find_free_port
-from workbench.records import read_rows, read_sample_ids
-from workbench.runner import GenerateOptions, run_generation
+from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.server.client import SGLangClient
+from workbench.server.launch import ServerProcess, find_free_port
 
 pytestmark = pytest.mark.integration
 

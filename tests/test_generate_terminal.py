@@ -20,8 +20,8 @@ from conftest import EXAMPLES, workbench, write_manifest
 from rich.console import Console
 
 from workbench.cli import _RichView, generate_exit_code, resume_line, summary_lines
-from workbench.launch import ServerProcess
-from workbench.runner import DatasetProgress, RunSummary
+from workbench.generate.runner import DatasetProgress, RunSummary
+from workbench.server.launch import ServerProcess
 
 
 def progress(name: str, target: int, done: int, **more: int) -> DatasetProgress:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from workbench.errors import LaunchError
-from workbench.launch import (
+from workbench.server.launch import (
     ServerProcess,
     command_line,
     find_free_port,
@@ -190,7 +190,7 @@ def test_failure_reason_prefers_the_out_of_memory_line(tmp_path: Path) -> None:
 def test_a_killed_parent_takes_its_server_down(tmp_path: Path) -> None:
     parent = script(tmp_path, "parent.py", f"""
         import time
-        from workbench.launch import ServerProcess
+        from workbench.server.launch import ServerProcess
         server = ServerProcess([{PY!r}, "-c", "import time; time.sleep(60)"],
                                url="http://127.0.0.1:9", log_path={str(tmp_path / 's.log')!r})
         server.start()

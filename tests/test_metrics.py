@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from workbench.metrics import (
+from workbench.server.metrics import (
     MetricsSnapshot,
     cache_hit_rate,
     generation_rate,

@@ -17,10 +17,12 @@ import pytest
 from conftest import EXAMPLES, write_manifest
 from rich.console import Console
 
-from workbench.client import SGLangClient
+from workbench.analyze.stats import StatsCollector, collect_stats
 from workbench.config import load_manifest
-from workbench.launch import ServerProcess
-from workbench.monitor import (
+from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.server.client import SGLangClient
+from workbench.server.launch import ServerProcess
+from workbench.watch.monitor import (
     Monitor,
     MonitorState,
     Thresholds,
@@ -29,8 +31,6 @@ from workbench.monitor import (
     render_rich,
     run_monitor,
 )
-from workbench.runner import GenerateOptions, run_generation
-from workbench.stats import StatsCollector, collect_stats
 
 NOW = time.time()
 
@@ -548,7 +548,7 @@ class InterruptAfter:
 def test_interval_without_a_terminal_prints_frames_until_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workbench.monitor as monitor_module
+    import workbench.watch.monitor as monitor_module
 
     plant(tmp_path, "A", steady(5), written=NOW - 1)
     stop = InterruptAfter(3, monitor_module.render_frame)
@@ -561,7 +561,7 @@ def test_interval_without_a_terminal_prints_frames_until_interrupted(
 
 
 def test_live_dashboard_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workbench.monitor as monitor_module
+    import workbench.watch.monitor as monitor_module
 
     plant(tmp_path, "A", steady(5), written=NOW - 1)
     stop = InterruptAfter(3, monitor_module.render_rich)

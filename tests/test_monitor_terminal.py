@@ -15,9 +15,15 @@ import pytest
 from rich.console import Console
 from test_monitor import NOW, flat, plant, run_json, state_of, steady
 
-from workbench.monitor import MonitorState, build_state, render_frame, render_rich, run_monitor
-from workbench.runlock import LOCK_FILE, hold_run_lock, writer_alive
-from workbench.stats import StatsCollector
+from workbench.analyze.stats import StatsCollector
+from workbench.rundir.lock import LOCK_FILE, hold_run_lock, writer_alive
+from workbench.watch.monitor import (
+    MonitorState,
+    build_state,
+    render_frame,
+    render_rich,
+    run_monitor,
+)
 
 KEY = ("dataset", "status", "done/target", "tok/s", "ETA")
 LONG = "B1_glaive_function_calling"

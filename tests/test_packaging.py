@@ -10,7 +10,7 @@ import yaml
 from conftest import ROOT, workbench
 
 from workbench.jobfolder import init_job_folder
-from workbench.reports import (
+from workbench.report.render import (
     REPORTS,
     default_params,
     link_latest,

@@ -12,11 +12,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from workbench import explore, plots
+from workbench.analyze import explore
+from workbench.analyze.stats import collect_stats
+from workbench.analyze.validate import validate_run
 from workbench.errors import ConfigError
-from workbench.records import PromptRecord, Record, encode_line
-from workbench.stats import collect_stats
-from workbench.validate import validate_run
+from workbench.report import plots
+from workbench.rundir.records import PromptRecord, Record, encode_line
 
 THINK_END, IM_END = 163607, 163586
 SCRIPT = "<script>window.__pwned=1</script>"

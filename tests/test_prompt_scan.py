@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from workbench import prompt_scan
-from workbench.columns import CACHE_DIR, Tally
-from workbench.records import iter_blocks, iter_prompt_blocks
-from workbench.validate import Thresholds, validate_run
+from workbench.analyze.validate import Thresholds, validate_run
+from workbench.rundir import prompt_scan
+from workbench.rundir.columns import CACHE_DIR, Tally
+from workbench.rundir.records import iter_blocks, iter_prompt_blocks
 
 LINES = [
     b'{"sample_id":0,"input_ids":[1,2,3]}\n',  # compact, as the workbench writes

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench import provenance
-from workbench.provenance import CONTENT_BLOCK, content_hash
+from workbench.report import provenance
+from workbench.report.provenance import CONTENT_BLOCK, content_hash
 
 MiB = 1 << 20
 

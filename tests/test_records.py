@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.records import (
+from workbench.rundir.records import (
     SCHEMA_VERSION,
     ErrorRecord,
     JsonlAppender,
@@ -724,7 +724,7 @@ STYLES = ["compact", "dumps", "reversed keys", "spaced colon", "crlf"]
 def test_every_formatting_takes_the_block_path_and_reads_the_same(
     value: dict[str, Any], style: str
 ) -> None:
-    from workbench import records
+    from workbench.rundir import records
 
     data = b"".join(_formatted({**value, "ts": 1.0 + n}, style) for n in range(3))
     chunk = records._Chunk(data, len(data), 0)
@@ -757,7 +757,7 @@ def test_look_alike_keys_change_no_value(text: bytes) -> None:
 
 
 def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
-    from workbench import records
+    from workbench.rundir import records
 
     data = b"".join(_formatted({"sample_id": n, "input_ids": [5] * n}, "dumps") for n in range(4))
     chunk = records._Chunk(data, len(data), 0)
@@ -767,7 +767,7 @@ def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
 
 
 def test_retraction_count_is_written_only_when_the_server_sent_it() -> None:
-    from workbench.records import Record
+    from workbench.rundir.records import Record
 
     base: dict[str, Any] = {
         "sample_id": 1, "output_ids": [5], "prompt_tokens": 2, "completion_tokens": 1,

@@ -21,11 +21,11 @@ import yaml
 from browser import open_page
 from conftest import EXAMPLES, ROOT, generate_run, workbench
 
-from workbench import provenance
+from workbench.analyze.explore import filter_records, record_frame
+from workbench.analyze.stats import render_stats
 from workbench.errors import ConfigError, InputError, ReportError
-from workbench.explore import filter_records, record_frame
-from workbench.records import Record, encode_line
-from workbench.reports import (
+from workbench.report import provenance
+from workbench.report.render import (
     REPORTS,
     cell_data,
     load_parameters,
@@ -33,7 +33,7 @@ from workbench.reports import (
     parse_overrides,
     run_report,
 )
-from workbench.stats import render_stats
+from workbench.rundir.records import Record, encode_line
 
 pytestmark = pytest.mark.integration
 
@@ -349,7 +349,7 @@ def test_jupyter_imports_skip_the_iri_grammar_and_still_validate_notebooks() -> 
 
     code = (
         "import sys\n"
-        "from workbench.reports import fast_jupyter_imports, notebooks_dir\n"
+        "from workbench.report.render import fast_jupyter_imports, notebooks_dir\n"
         "fast_jupyter_imports()\n"
         "import nbformat\n"
         "assert 'rfc3987_syntax' not in sys.modules\n"
@@ -406,7 +406,7 @@ def test_rerun_reproduces_the_figures_of_an_unchanged_run(reports: dict[str, Any
 
 
 def test_rerun_says_which_inputs_changed(tmp_path: Path) -> None:
-    from workbench import provenance
+    from workbench.report import provenance
 
     same, grown, edited, gone = (tmp_path / f"{n}.jsonl" for n in ("same", "grown", "edited", "gone"))
     for path in (same, grown, edited, gone):

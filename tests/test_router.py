@@ -21,10 +21,10 @@ import pytest
 import yaml
 from conftest import EXAMPLES, ROOT, jsonl, workbench, write_manifest
 
-from workbench.client import SGLangClient
-from workbench.launch import ServerProcess, find_free_port, to_flags
-from workbench.monitor import Monitor, render_frame
-from workbench.records import read_rows, read_sample_ids
+from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.server.client import SGLangClient
+from workbench.server.launch import ServerProcess, find_free_port, to_flags
+from workbench.watch.monitor import Monitor, render_frame
 
 EXAMPLE = ROOT / "params" / "router.example.yaml"
 REQUESTS = "sglang:num_requests_total"

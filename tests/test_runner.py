@@ -10,12 +10,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workbench.client import SGLangClient
+from workbench.analyze.validate import validate_run
 from workbench.config import Manifest, load_manifest
 from workbench.errors import DataError, ResumeMismatch
-from workbench.records import read_rows, read_sample_ids
-from workbench.runner import GenerateOptions, RunSummary, format_progress_line, run_generation
-from workbench.validate import validate_run
+from workbench.generate.runner import (
+    GenerateOptions,
+    RunSummary,
+    format_progress_line,
+    run_generation,
+)
+from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.server.client import SGLangClient
 
 pytestmark = pytest.mark.anyio
 

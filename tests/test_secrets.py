@@ -14,7 +14,7 @@ import pytest
 from conftest import EXAMPLES, workbench, write_manifest
 
 from workbench.cli import build_parser
-from workbench.launch import ServerProcess, find_free_port
+from workbench.server.launch import ServerProcess, find_free_port
 from workbench.sim.config import SimConfig
 
 KEY = "wbk-7f3a9c-DO-NOT-LEAK-e41d"
@@ -72,9 +72,9 @@ def test_the_run_manifest_drops_a_key_the_server_reports_and_url_credentials(tmp
     import asyncio
     import json
 
-    from workbench.client import SGLangClient
     from workbench.config import load_manifest
-    from workbench.runner import GenerateOptions, run_generation
+    from workbench.generate.runner import GenerateOptions, run_generation
+    from workbench.server.client import SGLangClient
 
     def server(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/server_info":
@@ -130,8 +130,8 @@ def test_a_simulator_started_without_host_listens_on_loopback_only(tmp_path: Pat
 
 
 def test_report_blocks_escape_model_text() -> None:
-    from workbench import plots
-    from workbench.explore import Sample
+    from workbench.analyze.explore import Sample
+    from workbench.report import plots
 
     evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
     sample = Sample(dataset="d<b>", line=3, sample_id="<i>7</i>", finish_reason="stop", prompt_tokens=4,

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench.errors import ConfigError
 from workbench.sim import SimConfig, add_sim_arguments, config_from_args, create_app
 from workbench.sim.faults import FaultPlan
-from workbench.sim.profiles import OutOfMemory
 from workbench.sim.outputs import corpus
+from workbench.sim.profiles import OutOfMemory
 
 KIMI_END = 163586
 KIMI_THINK_END = 163607

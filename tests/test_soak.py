@@ -15,10 +15,10 @@ import httpx
 import pytest
 from conftest import ROOT, write_manifest
 
-from workbench.client import SGLangClient
 from workbench.config import load_manifest
-from workbench.records import read_sample_ids
-from workbench.runner import GenerateOptions, run_generation
+from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.rundir.records import read_sample_ids
+from workbench.server.client import SGLangClient
 
 
 def load_soak() -> ModuleType:

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import workbench.stats as stats_module
+import workbench.analyze.stats as stats_module
+from workbench.analyze.stats import StatsCollector, collect_stats, render_stats
 from workbench.errors import InputError
-from workbench.stats import StatsCollector, collect_stats, render_stats
 
 NOW = 1_750_000_000.0
 
@@ -505,8 +505,8 @@ def _json_counts(data: bytes) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("index", range(len(PROMPT_LINES)))
 def test_prompt_ids_counted_in_blocks_are_exact(index: int, tmp_path: Path) -> None:
-    from workbench import prompt_scan
-    from workbench.records import _Chunk, _prompt_rows
+    from workbench.rundir import prompt_scan
+    from workbench.rundir.records import _Chunk, _prompt_rows
 
     good = b'{"sample_id": 0, "input_ids": [9, 9]}\n'
     block = _prompt_rows(_Chunk(good * 3, len(good) * 3, 0), 1)  # the block path

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from workbench.client import SGLangClient
 from workbench.errors import ConfigError, InputError
+from workbench.server.client import SGLangClient
 from workbench.tune import (
     LatencyLimits,
     LoadParams,
@@ -242,7 +242,7 @@ def test_no_server_is_left_after_the_sweep(sim_sweep: tuple[Path, SweepSummary])
 
 
 def test_the_recommendation_and_the_report(sim_sweep: tuple[Path, SweepSummary], tmp_path: Path) -> None:
-    from workbench.reports import cell_data
+    from workbench.report.render import cell_data
     from workbench.tune import tuning_report
 
     out, _ = sim_sweep

@@ -9,11 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-import workbench.validate as validate_module
-from workbench.errors import ConfigError, DataError
-from workbench.profiles import get_profile
-from workbench.records import PromptRecord, Record, Row, encode_line, parse_lines
-from workbench.validate import (
+import workbench.analyze.validate as validate_module
+from workbench.analyze.validate import (
     RECORD_RULES,
     SEVERITY,
     RecordChecker,
@@ -24,6 +21,9 @@ from workbench.validate import (
     record_problems,
     validate_run,
 )
+from workbench.errors import ConfigError, DataError
+from workbench.profiles import get_profile
+from workbench.rundir.records import PromptRecord, Record, Row, encode_line, parse_lines
 
 KIMI = get_profile("kimi-k2.5")
 QWEN = get_profile("qwen3")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from workbench.runner import DatasetProgress, Runner, RunSummary
+    from workbench.generate.runner import DatasetProgress, Runner, RunSummary
 
 __all__ = ["main"]
 
@@ -67,7 +67,7 @@ def _check_out_dir(path: Path) -> None:
 
 def _server_url(text: str) -> str:
     """--server as the client needs it; each fix is said on stderr."""
-    from workbench.client import server_base_url
+    from workbench.server.client import server_base_url
 
     url, notices = server_base_url(text)
     for notice in notices:
@@ -169,7 +169,7 @@ def _progress_interval(given: float | None) -> float:
 
 
 def _options_from_args(args: argparse.Namespace) -> Any:
-    from workbench.runner import GenerateOptions
+    from workbench.generate.runner import GenerateOptions
 
     return GenerateOptions(
         concurrency=args.concurrency, long_concurrency=args.long_concurrency,
@@ -213,8 +213,8 @@ def _install_stop_signals(runner: Runner) -> None:
 
 def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) -> RunSummary:
     """Run a generation with signal handling, progress output and a closing summary."""
-    from workbench.client import SGLangClient, api_key_from_env, request_timeout
-    from workbench.runner import run_generation
+    from workbench.generate.runner import run_generation
+    from workbench.server.client import SGLangClient, api_key_from_env, request_timeout
 
     view = _progress_view(out)
     timeout = request_timeout(options.request_timeout)
@@ -280,7 +280,7 @@ class _LineView:
             self.event(line)
 
     def update(self, runner: Runner) -> None:
-        from workbench.runner import format_progress_line
+        from workbench.generate.runner import format_progress_line
 
         for p in runner.progress():
             if p.name in self.reported_done or (p.done_this_run == 0 and p.in_flight == 0):
@@ -301,7 +301,7 @@ class _LineView:
 
 def progress_fields(p: DatasetProgress) -> str:
     """The short figures next to a dataset's bar: errors, tok/s and ETA (or how it ended)."""
-    from workbench.stats import format_duration
+    from workbench.analyze.stats import format_duration
 
     rate = p.tokens_this_run / p.elapsed()
     if p.budget_reached:
@@ -364,7 +364,7 @@ def _progress_view(out: Path) -> _LineView:
 def summary_lines(summary: RunSummary, out: Path) -> list[str]:
     """The closing summary: per dataset, the failed ones named, and after a stop the dropped
     requests and the command that resumes."""
-    from workbench.stats import format_duration
+    from workbench.analyze.stats import format_duration
 
     state = "interrupted" if summary.interrupted else "finished"
     lines = [(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; "
@@ -397,7 +397,7 @@ def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from workbench.stats import render_stats
+    from workbench.analyze.stats import render_stats
 
     print(render_stats(args.out, as_json=args.json))
     return 0
@@ -415,7 +415,7 @@ def _add_monitor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
-    from workbench.monitor import run_monitor
+    from workbench.watch.monitor import run_monitor
 
     server = _server_url(args.server) if args.server else None
     return run_monitor(args.out, server=server, interval=args.interval, once=args.once)
@@ -437,7 +437,7 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _cmd_validate(args: argparse.Namespace) -> int:
     import msgspec
 
-    from workbench.validate import exit_code, format_report, validate_run
+    from workbench.analyze.validate import exit_code, format_report, validate_run
 
     report = validate_run(args.out, model_profile=args.model_profile, only=args.only, workers=args.workers)
     print(msgspec.json.encode(report.to_builtins()).decode() if args.json else format_report(report))
@@ -476,7 +476,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from workbench.export import ExportOptions, export_run, format_summary
+    from workbench.export.exporter import ExportOptions, export_run, format_summary
 
     drop = (("truncated",) if args.drop_truncated else ()) + args.drop
     options = ExportOptions(format=args.format, only=args.only, drop=drop, limit=args.limit,
@@ -511,7 +511,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError, InputError, ReportError
-    from workbench.reports import DEFAULT_OUT, default_params, parse_overrides, run_report
+    from workbench.report.render import DEFAULT_OUT, default_params, parse_overrides, run_report
 
     if (args.rerun is None) == (args.name is None):
         raise ConfigError("NAME", "give a report NAME, or --rerun REPORT_DIR (not both)")
@@ -541,7 +541,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _rerun_report(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError, ReportError
-    from workbench.reports import rerun_report
+    from workbench.report.render import rerun_report
 
     if args.params is not None or args.overrides:
         raise ConfigError("--rerun", "takes the report's own params.yaml: no --params or -p")
@@ -574,8 +574,8 @@ def _add_explore(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
-    from workbench.lab import explorer_notebook, start_lab
-    from workbench.launch import port_is_free
+    from workbench.report.lab import explorer_notebook, start_lab
+    from workbench.server.launch import port_is_free
 
     if args.port is not None and not port_is_free(args.port):
         from workbench.errors import ConfigError

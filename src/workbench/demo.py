@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import load_manifest
-from workbench.launch import ServerProcess, find_free_port, server_command
-from workbench.runner import GenerateOptions, RunSummary
+from workbench.generate.runner import GenerateOptions, RunSummary
+from workbench.server.launch import ServerProcess, find_free_port, server_command
 
 __all__ = ["DEMO_SIM_ARGS", "run_demo", "start_simulator"]
 
@@ -72,7 +72,7 @@ def _generate(out: Path, datasets: Path, generate: GenerateFn, resume: bool,
 
 
 def _report(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.reports import demo_reports
+    from workbench.report.render import demo_reports
 
     say("writing reports (papermill + nbconvert) ...")
     for result in demo_reports(out, out / "reports"):
@@ -80,7 +80,7 @@ def _report(out: Path, say: Callable[[str], None]) -> None:
 
 
 def _export(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.export import ExportOptions, export_run, format_summary
+    from workbench.export.exporter import ExportOptions, export_run, format_summary
 
     target = out / "export" / "train.jsonl"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ a sweep, `workbench tune`, the demo's sweep and report).
 
 A sweep takes a parameter file (`load_tuning_params`; see params/tuning.sim.yaml for every
 key) and, for each configuration of its grid, launches the server (SGLang or the simulator,
-`workbench.launch`), reads `/server_info`, then for each concurrency (and repeat): flushes
+`workbench.server.launch`), reads `/server_info`, then for each concurrency (and repeat): flushes
 the prefix cache, runs a closed loop of requests through `SGLangClient` and scrapes
 `/metrics` before and after. The server is stopped by process group after its points, and
 in any case when the sweep ends or is interrupted.
@@ -17,7 +17,7 @@ fixed order, the same for every point). The first `warmup_requests` finished req
 the warm-up; the window opens when the last of them finishes and closes after `requests`
 more have finished or after `duration` seconds, whichever comes first; requests still in
 flight then are cancelled. A concurrency of `auto` runs the generation job's auto mode
-(`workbench.concurrency`: up to 1,024 workers, as many in flight as its cap allows, steered
+(`workbench.generate.concurrency`: up to 1,024 workers, as many in flight as its cap allows, steered
 from `/metrics`); its mean cap is `mean_concurrency` and the recommendation compares it with
 the best fixed point. Over the window:
 

@@ -17,14 +17,14 @@ from typing import Any
 
 import msgspec
 
-from workbench.client import SGLangClient, api_key_from_env
 from workbench.errors import InputError, LaunchError, RequestFailed
-from workbench.launch import (
+from workbench.rundir.records import write_atomic
+from workbench.server.client import SGLangClient, api_key_from_env
+from workbench.server.launch import (
     ServerProcess,
     command_line,
     find_free_port,
 )
-from workbench.records import write_atomic
 from workbench.tune.load import LoadOutcome, LoadPrompt, PointLoad, build_prompts
 from workbench.tune.measurement import PointResult, failed_point, summarize_point, violations
 from workbench.tune.parameters import (
@@ -424,7 +424,7 @@ def tuning_report(sweep_dir: str | os.PathLike[str],
                   out_dir: str | os.PathLike[str] = "outputs/reports") -> Any:
     """The throughput_tuning notebook executed on a sweep directory (a ReportResult);
     InputError before any kernel starts when `sweep_dir` holds no sweep."""
-    from workbench.reports import run_report
+    from workbench.report.render import run_report
 
     if _read_sweep_record(Path(sweep_dir)) is None:
         raise InputError(f"{sweep_dir}: no {SWEEP_FILE} (not a sweep directory)")
@@ -447,7 +447,7 @@ def run_demo_sweep(
     two concurrencies (about a minute; resumed when `out` holds it already), then its report
     (a ReportResult)."""
     if params_file is None:
-        from workbench.reports import notebooks_dir
+        from workbench.report.render import notebooks_dir
 
         params_file = notebooks_dir().parent / "params" / "tuning.sim.yaml"
     run_sweep(params_file, out, resume=True, overrides=DEMO_OVERRIDES, say=say)

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from workbench.client import SGLangClient
-from workbench.concurrency import (
+from workbench.errors import ConfigError, RequestFailed
+from workbench.generate.concurrency import (
     CEILING,
     START,
     AutoConcurrency,
@@ -23,8 +23,8 @@ from workbench.concurrency import (
     Steering,
     read_servers,
 )
-from workbench.errors import ConfigError, RequestFailed
-from workbench.metrics import parse_metrics
+from workbench.server.client import SGLangClient
+from workbench.server.metrics import parse_metrics
 from workbench.tune.parameters import LoadParams, PromptParams
 
 MIN_SAMPLE_WALL = 0.05
@@ -67,8 +67,8 @@ def _random_prompts(params: PromptParams, rng: random.Random) -> list[LoadPrompt
 
 def _manifest_prompts(params: PromptParams) -> list[LoadPrompt]:
     from workbench.config import load_manifest
+    from workbench.generate.prompts import load_prompts
     from workbench.profiles import get_profile
-    from workbench.prompts import load_prompts
 
     assert params.manifest is not None
     manifest = load_manifest(params.manifest)
@@ -135,7 +135,7 @@ class LoadOutcome:
 
 class PointLoad:
     """A closed loop of `concurrency` workers with a warm-up and a measurement window; with
-    "auto", the generation job's auto concurrency (`workbench.concurrency`) caps the workers
+    "auto", the generation job's auto concurrency (`workbench.generate.concurrency`) caps the workers
     in flight, steered from the server's /metrics."""
 
     def __init__(

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from workbench.metrics import MetricsSnapshot, cache_hit_rate, parse_metrics
+from workbench.server.metrics import MetricsSnapshot, cache_hit_rate, parse_metrics
 from workbench.tune.load import LoadOutcome, RequestRow, Sample
 from workbench.tune.parameters import LatencyLimits
 

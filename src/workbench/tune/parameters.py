@@ -19,7 +19,7 @@ import yaml
 
 from workbench.config import DATASET_NAME_PATTERN, load_yaml_params, with_line
 from workbench.errors import ConfigError
-from workbench.launch import (
+from workbench.server.launch import (
     HEALTH_PATHS,
     command_line,
     find_free_port,

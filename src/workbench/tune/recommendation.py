@@ -37,7 +37,7 @@ def remaining_from_run(run_dir: str | os.PathLike[str],
                        mean_completion_tokens: float | None = None) -> int:
     """Completion tokens a generation run still has to produce, from its stats: a dataset's
     token budget left, else its records left times its mean completion."""
-    from workbench.stats import collect_stats
+    from workbench.analyze.stats import collect_stats
 
     stats = collect_stats(run_dir)
     total = 0.0
@@ -275,7 +275,7 @@ def recommend_sweep(out: str | os.PathLike[str],
 
 def format_results_table(results: Sequence[PointResult]) -> str:
     """The points as a plain-text table."""
-    from workbench.stats import format_table
+    from workbench.analyze.stats import format_table
 
     headers = ["config", "conc", "status", "tok/s", "req/s", "running", "KV tokens",
                "peak usage", "TTFT p50 ms", "ITL p50 ms", "e2e p50 s", "hit rate", "errors"]

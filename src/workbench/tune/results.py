@@ -18,8 +18,8 @@ import msgspec
 
 from workbench import __version__
 from workbench.errors import InputError
-from workbench.launch import command_line
-from workbench.records import write_atomic
+from workbench.rundir.records import write_atomic
+from workbench.server.launch import command_line
 from workbench.tune.measurement import RESULT_COLUMNS, PointResult
 from workbench.tune.parameters import (
     Command,

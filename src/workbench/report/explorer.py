@@ -14,9 +14,9 @@ file is read again, except the few replies a text search decodes and the record 
 Under papermill (``interactive=False``, what ``workbench report`` runs) the same calls return
 static figures and report blocks of the selection the parameters give.
 
-The filters are those of :func:`workbench.explore.filter_records` (``filters`` takes its
-keyword arguments) plus ``search``; shaping is in :mod:`workbench.explore`, drawing in
-:mod:`workbench.plots`.
+The filters are those of :func:`workbench.analyze.explore.filter_records` (``filters`` takes its
+keyword arguments) plus ``search``; shaping is in :mod:`workbench.analyze.explore`, drawing in
+:mod:`workbench.report.plots`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench import explore, plots
+from workbench.analyze import explore
+from workbench.analyze.validate import scan_run
 from workbench.errors import ConfigError
-from workbench.validate import scan_run
+from workbench.report import plots
 
 __all__ = ["FILTER_KEYS", "Explorer"]
 
@@ -143,7 +144,7 @@ class Explorer:
         """The filter controls and a selection summary (static: the summary only)."""
         if not self.interactive:
             return self.summary()
-        from workbench import explorer_widgets
+        from workbench.report import widgets as explorer_widgets
 
         return explorer_widgets.controls(self)
 
@@ -179,7 +180,7 @@ class Explorer:
     def _figure(self, build: Callable[[], go.Figure]) -> Any:
         if not self.interactive:
             return build()
-        from workbench import explorer_widgets
+        from workbench.report import widgets as explorer_widgets
 
         return explorer_widgets.figure(self, build)
 
@@ -200,7 +201,7 @@ class Explorer:
             return plots.samples_view(explore.samples(
                 self.scan, self.selected, n=self.samples_shown, seed=self.seed,
                 tokenizer=self.tokenizer, chars=self.text_chars))
-        from workbench import explorer_widgets
+        from workbench.report import widgets as explorer_widgets
 
         self._viewer = explorer_widgets.viewer(_HINT)
         return self._viewer

@@ -1,4 +1,4 @@
-"""Figures and report blocks drawn from shaped data (see :mod:`workbench.explore`).
+"""Figures and report blocks drawn from shaped data (see :mod:`workbench.analyze.explore`).
 
 Figure builders return :class:`plotly.graph_objects.Figure` and compute no statistics: the
 frames they take already hold every number drawn. Report blocks (header, tables, banner,
@@ -33,8 +33,8 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
-from workbench.reports import REPORT_ENV
-from workbench.stats import RunStats, format_count, format_duration
+from workbench.analyze.stats import RunStats, format_count, format_duration
+from workbench.report.render import REPORT_ENV
 
 __all__ = [
     "DATA_MIME",
@@ -115,12 +115,12 @@ def setup_notebook(offline: bool | None = None) -> None:
     """Figures in the workbench style, rendered for where the notebook runs.
 
     In a report run (`offline`, by default when :data:`REPORT_ENV` is set, as
-    :mod:`workbench.reports` does for its kernels) with plotly.js inlined once
+    :mod:`workbench.report.render` does for its kernels) with plotly.js inlined once
     (OfflineRenderer), so the exported HTML opens offline. Elsewhere (JupyterLab) only the
     plotly mimetype, which Lab draws with its own plotly.js: a saved notebook then holds the
     figures' data, not a copy of the library (megabytes per save).
     """
-    from workbench.reports import fast_jupyter_imports
+    from workbench.report.render import fast_jupyter_imports
 
     fast_jupyter_imports()  # plotly's renderers import nbformat
     # merged once: a "plotly_white+workbench" default is merged again for every figure

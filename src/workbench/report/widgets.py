@@ -1,6 +1,6 @@
 """The explorer's JupyterLab face: ipywidgets controls, plotly FigureWidgets, a record viewer.
 
-Every function takes an :class:`workbench.explorer.Explorer` and binds widgets to it: a
+Every function takes an :class:`workbench.report.explorer.Explorer` and binds widgets to it: a
 control change calls ``Explorer.update`` (which redraws every figure made here, in place),
 a click on a point opens that record in the viewer. Imported only in interactive mode, so
 papermill reports never need a widget front end.
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from workbench import plots
+from workbench.report import plots
 
 if TYPE_CHECKING:
-    from workbench.explorer import Explorer
+    from workbench.report.explorer import Explorer
 
 __all__ = ["controls", "figure", "viewer"]
 

@@ -6,7 +6,7 @@ that shrank, was replaced (another inode) or whose last 256 bytes before the rem
 offset changed is read again from the start (an in-place rewrite that keeps those bytes goes
 unnoticed; writers only append). The result equals a fresh full scan at the same ``now``,
 as long as ``now`` does not go backwards between refreshes. A first read starts from what a
-report or ``validate`` cached beside the file (:mod:`workbench.columns`), so ``workbench
+report or ``validate`` cached beside the file (:mod:`workbench.rundir.columns`), so ``workbench
 stats`` reads only the bytes written since; an unchanged prompts.jsonl is not read again.
 
 What is counted, per dataset (``OUT/<name>/``):
@@ -55,14 +55,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import msgspec
 
-from workbench import prompt_scan
-from workbench.columns import load_cached
 from workbench.errors import DataError, InputError
-from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, iter_blocks
+from workbench.rundir import prompt_scan
+from workbench.rundir.columns import load_cached
+from workbench.rundir.records import (
+    ERRORS_FILE,
+    MANIFEST_FILE,
+    PROMPTS_FILE,
+    RAW_FILE,
+    Block,
+    iter_blocks,
+)
 
 if TYPE_CHECKING:
-    from workbench.columns import FileScan
-    from workbench.validate import RunScan
+    from workbench.analyze.validate import RunScan
+    from workbench.rundir.columns import FileScan
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -390,7 +397,7 @@ class _Raw:
         self.add_fields(fields, bad_lines, torn, cutoff, unresolved)
 
     def add_scan(self, scan: FileScan, cutoff: float, unresolved: set[object]) -> None:
-        """Count the records of a scan (see :func:`workbench.validate.scan_run`)."""
+        """Count the records of a scan (see :func:`workbench.analyze.validate.scan_run`)."""
         c = scan.columns
         counts = scan.tally.counts
         bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
@@ -618,7 +625,7 @@ class _Dataset:
                 cursor.advance(block.end_offset, block.first_line + block.lines)
 
     def _start_from_cache(self, cutoff: float) -> None:
-        """Count what a scan cached beside the file (see :mod:`workbench.columns`), so that
+        """Count what a scan cached beside the file (see :mod:`workbench.rundir.columns`), so that
         only the bytes after it are read; nothing when there is no usable cache."""
         cached = load_cached(self.raw_cursor.path, None)
         if cached is not None and cached[1] > 0:
@@ -628,7 +635,7 @@ class _Dataset:
 
     def _update_prompts(self) -> None:
         """Count the whole file from the one read the reports share (kept beside it, see
-        :mod:`workbench.prompt_scan`), then only the bytes appended since."""
+        :mod:`workbench.rundir.prompt_scan`), then only the bytes appended since."""
         change = self.prompts_cursor.poll()
         if change in ("reset", "gone"):
             self.prompts = _Prompts()
@@ -921,7 +928,7 @@ class StatsCollector:
 
     def refresh(self, now: float | None = None, *, scan: RunScan | None = None) -> RunStats:
         """Read what changed since the last call and return the figures at ``now``; the
-        records of the datasets `scan` (a :func:`workbench.validate.scan_run` result) holds
+        records of the datasets `scan` (a :func:`workbench.analyze.validate.scan_run` result) holds
         are counted from it instead of reading their raw files."""
         if not self.out.is_dir():
             raise _not_a_run_dir(self.out)
@@ -1007,7 +1014,7 @@ def collect_stats(
     scan: RunScan | None = None,
 ) -> RunStats:
     """A full scan of a run directory (one refresh of a new collector); with `scan` (a
-    :func:`workbench.validate.scan_run` result of the same run) the raw files are not read
+    :func:`workbench.analyze.validate.scan_run` result of the same run) the raw files are not read
     again: a report's tables and its stats then count the very same records."""
     return StatsCollector(out, window=window).refresh(now, scan=scan)
 

@@ -1,6 +1,6 @@
 """The live terminal monitor of a run directory, and the alerts it raises.
 
-Each frame refreshes a :class:`~workbench.stats.StatsCollector` (only appended bytes are
+Each frame refreshes a :class:`~workbench.analyze.stats.StatsCollector` (only appended bytes are
 read) and, with a server URL, reads ``/metrics`` (``/server_info`` when metrics are off).
 Everything below the :class:`Monitor` is pure: :func:`build_state` turns figures into
 statuses and :func:`alerts`, :func:`render_frame` and :func:`render_rich` draw them.
@@ -10,7 +10,7 @@ Dataset status:
     done      records plus failed ids reach the target
     budget    the dataset's token budget stopped it before its target
     stopped   not done, and the generate that wrote the run is gone (its lock on
-              ``OUT/.writer.lock`` is free: see :mod:`workbench.runlock`)
+              ``OUT/.writer.lock`` is free: see :mod:`workbench.rundir.lock`)
     running   its raw or errors file holds lines and was written within ``stale_after`` s
     stale     it holds lines, was written since the run started (run.json "updated") but not
               within ``stale_after`` s, and the run is active
@@ -50,9 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.metrics import MetricsSnapshot, cache_hit_rate, generation_rate, parse_metrics
-from workbench.runlock import writer_alive
-from workbench.stats import (
+from workbench.analyze.stats import (
     DEFAULT_WINDOW,
     DatasetStats,
     RunStats,
@@ -62,12 +60,14 @@ from workbench.stats import (
     format_duration,
     format_table,
 )
+from workbench.rundir.lock import writer_alive
+from workbench.server.metrics import MetricsSnapshot, cache_hit_rate, generation_rate, parse_metrics
 
 if TYPE_CHECKING:
     import httpx
     from rich.console import Console, RenderableType
 
-    from workbench.client import SGLangClient
+    from workbench.server.client import SGLangClient
 
 __all__ = [
     "STATUSES",
@@ -686,8 +686,8 @@ class Monitor:
 
     async def poll_server(self, now: float) -> ServerState:
         """Read /metrics (or /server_info when metrics are off); failures become the state."""
-        from workbench.client import redact_url
         from workbench.errors import ConnectionLost, RequestTimeout, ServerError, ServerUnreachable
+        from workbench.server.client import redact_url
 
         assert self.client is not None
         url = redact_url(self.client.base_url)
@@ -714,8 +714,8 @@ class Monitor:
 
     async def _poll_worker(self, listed: Mapping[str, Any], now: float) -> WorkerState:
         """The router's figures of one worker, with the worker's /metrics when reachable."""
-        from workbench.client import redact_url
         from workbench.errors import ServerError
+        from workbench.server.client import redact_url
 
         url = str(listed["url"])
         load = listed.get("load")
@@ -757,7 +757,7 @@ class Monitor:
 def _client(server: str, transport: httpx.AsyncBaseTransport | None) -> SGLangClient:
     import httpx
 
-    from workbench.client import SGLangClient, api_key_from_env
+    from workbench.server.client import SGLangClient, api_key_from_env
 
     return SGLangClient(
         server, api_key=api_key_from_env(), transport=transport, timeout=httpx.Timeout(5.0)

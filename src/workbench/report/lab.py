@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.launch import ServerProcess, find_free_port
+from workbench.server.launch import ServerProcess, find_free_port
 
 __all__ = ["NOTEBOOK", "Lab", "explorer_notebook", "start_lab"]
 
@@ -61,8 +61,8 @@ def explorer_notebook(run_dir: str | Path, source: str | Path | None = None) -> 
     missing; returns (path, created). InputError when run_dir is not a run."""
     import nbformat
 
-    from workbench.reports import notebook_path
-    from workbench.stats import check_run_dir
+    from workbench.analyze.stats import check_run_dir
+    from workbench.report.render import notebook_path
 
     folder = Path(run_dir)
     check_run_dir(folder)

@@ -64,10 +64,28 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 import msgspec
 import numpy as np
 
+from workbench.analyze.validate import (
+    RECORD_RULES,
+    DatasetDir,
+    RecordChecker,
+    RunInfo,
+    load_run,
+    paused_gc,
+    reasoning_expected,
+)
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError, WorkbenchError
+from workbench.export.trainers import (
+    TRAINERS,
+    RowEntry,
+    Trainer,
+    TrainerReport,
+    row_digest,
+    trainer_report,
+    write_manifest,
+)
 from workbench.profiles import ModelProfile
-from workbench.records import (
+from workbench.rundir.records import (
     ERRORS_FILE,
     MANIFEST_FILE,
     PROMPTS_FILE,
@@ -77,24 +95,6 @@ from workbench.records import (
     Row,
     iter_blocks,
     parse_lines,
-)
-from workbench.trainers import (
-    TRAINERS,
-    RowEntry,
-    Trainer,
-    TrainerReport,
-    row_digest,
-    trainer_report,
-    write_manifest,
-)
-from workbench.validate import (
-    RECORD_RULES,
-    DatasetDir,
-    RecordChecker,
-    RunInfo,
-    load_run,
-    paused_gc,
-    reasoning_expected,
 )
 
 __all__ = [
@@ -714,7 +714,7 @@ def _manifest_spec(run: RunInfo, name: str) -> DatasetSpec:
 
 
 def _load_dataset_tokenizer(ds: DatasetDir, run: RunInfo, options: ExportOptions) -> Any:
-    from workbench.prompts import load_tokenizer
+    from workbench.generate.prompts import load_tokenizer
 
     if options.tokenizer is not None:
         return load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code)

@@ -16,7 +16,7 @@ whether it is unchanged, grew (its first recorded bytes unchanged), changed, mis
 
 Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 (``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
-are kept in the dataset's scan cache (:func:`workbench.columns.save_appended`): a report of
+are kept in the dataset's scan cache (:func:`workbench.rundir.columns.save_appended`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
 Like the scan, it trusts the cached blocks while the file keeps its identity and the bytes
 just before the cached offset. Every other file gets its plain ``sha256``.
@@ -37,9 +37,9 @@ from typing import Any
 
 import yaml
 
-from workbench.columns import load_appended, save_appended
 from workbench.errors import ConfigError
-from workbench.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE
+from workbench.rundir.columns import load_appended, save_appended
+from workbench.rundir.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE
 
 __all__ = [
     "CONTENT_BLOCK",

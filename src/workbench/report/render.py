@@ -18,7 +18,7 @@ installed). A cell that raises or times out (or a kernel that dies) stops the ru
 ReportError naming the cell (its index in the source notebook and its first line) and the
 exception; the executed notebook is kept. It is written once, when the run ends.
 
-Values for tools and tests. Blocks built by :mod:`workbench.plots` carry the data they show
+Values for tools and tests. Blocks built by :mod:`workbench.report.plots` carry the data they show
 as JSON under the output mimetype ``application/vnd.workbench.data+json``; papermill records
 it in the executed notebook, and :func:`cell_data` reads it back by cell tag: the
 ``summary`` cell of token_distribution holds ``workbench stats --json``, the ``validation``
@@ -508,7 +508,7 @@ def run_report(
     or bad parameters and InputError for a `run_dir` that is not a run (both before any
     kernel starts or anything is written), ReportError when a cell fails.
     """
-    from workbench import provenance
+    from workbench.report import provenance
 
     notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
@@ -534,8 +534,8 @@ def run_report(
 def _check_inputs(parameters: Mapping[str, Any]) -> None:
     """The given run folders and tokenizer exist (before a kernel starts): InputError or
     ConfigError naming the parameter."""
-    from workbench.prompts import check_tokenizer_dir
-    from workbench.stats import check_run_dir
+    from workbench.analyze.stats import check_run_dir
+    from workbench.generate.prompts import check_tokenizer_dir
 
     for key in ("run_dir", "compare_run_dir"):
         if parameters.get(key) is not None:
@@ -564,8 +564,8 @@ def rerun_report(
 ) -> tuple[ReportResult, list[Any]]:
     """Run a report folder's executed notebook again with its params.yaml, into a new folder
     beside it (or in `out_dir`); also returns its inputs compared with the recorded ones
-    (:class:`workbench.provenance.InputChange`, compared before running)."""
-    from workbench import provenance
+    (:class:`workbench.report.provenance.InputChange`, compared before running)."""
+    from workbench.report import provenance
 
     folder = Path(report_dir)
     manifest = provenance.read_manifest(folder)

@@ -3,8 +3,8 @@
 prompts.jsonl (the prompts as sent, written once before the replies) is big on real jobs.
 Validation needs each sample id's first line and the file's problems, the stats its line and
 id counts, the subset comparison each prompt's length. :func:`summary` reads the file once, in
-blocks (:func:`workbench.records.iter_prompt_blocks`), into a :class:`PromptScan` holding all
-of it, and keeps it beside the file (:func:`workbench.columns.save_summary`) while the file's
+blocks (:func:`workbench.rundir.records.iter_prompt_blocks`), into a :class:`PromptScan` holding all
+of it, and keeps it beside the file (:func:`workbench.rundir.columns.save_summary`) while the file's
 stamp is unchanged: whichever reader comes first reads the file, the others load the summary.
 A file holding an id past 64 bits (msgpack's range) cannot be kept and is read each time.
 
@@ -14,7 +14,7 @@ A file holding an id past 64 bits (msgpack's range) cannot be kept and is read e
                       array holds, else its text's characters / TEXT_CHARS_PER_TOKEN rounded
                       (at least 1); None when the line has neither
     problems          (line, kind, detail), block by block: the line problems of
-                      :mod:`workbench.records` (malformed, not_object, bad_type, torn), then
+                      :mod:`workbench.rundir.records` (malformed, not_object, bad_type, torn), then
                       each row without a sample id ("no_id") or with one seen before
                       ("duplicate_id"); all of them, so any number of examples can be shown
     lines             non-blank whole lines (a torn last line is not one); ``tokenized``
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import msgspec
 
-from workbench.columns import cache_key, file_stamp, load_summary, save_summary
-from workbench.records import PromptBlock, PromptRow, SampleId, iter_prompt_blocks
+from workbench.rundir.columns import cache_key, file_stamp, load_summary, save_summary
+from workbench.rundir.records import PromptBlock, PromptRow, SampleId, iter_prompt_blocks
 
 __all__ = ["TEXT_CHARS_PER_TOKEN", "PromptScan", "scan", "summary"]
 

@@ -6,7 +6,7 @@ biased when the file is sorted or grouped. Per dataset of a run directory:
 
     lengths    prompt tokens of the sent prompts (those with a record) against all of
                prompts.jsonl (the dataset as prepared; text prompts: characters over
-               `TEXT_CHARS_PER_TOKEN`, see :mod:`workbench.prompt_scan`): means, their
+               `TEXT_CHARS_PER_TOKEN`, see :mod:`workbench.rundir.prompt_scan`): means, their
                ratio, and the two-sample Kolmogorov-Smirnov statistic D with its p-value
                (scipy)
     shares     for each source-like field of the dataset file (`SOURCE_FIELDS`, text values,
@@ -15,7 +15,7 @@ biased when the file is sorted or grouped. Per dataset of a run directory:
                the sent counts against the whole file's shares (p-value)
 
 A prompt is sent when a record has its id: the top-level ``sample_id`` of raw_responses.jsonl,
-or, given the run's scan (:func:`workbench.validate.scan_run`, not read again), each record's
+or, given the run's scan (:func:`workbench.analyze.validate.scan_run`, not read again), each record's
 id as validation reads it (``sample_id``, else ``custom_id``, else ``id``): the same for the
 records the workbench writes. Every prompt is counted in "whole", so a run that sent everything
 compares equal. A dataset
@@ -36,12 +36,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from workbench import prompt_scan
-from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, SampleId, read_sample_ids
+from workbench.rundir import prompt_scan
+from workbench.rundir.records import (
+    MANIFEST_FILE,
+    PROMPTS_FILE,
+    RAW_FILE,
+    SampleId,
+    read_sample_ids,
+)
 
 if TYPE_CHECKING:
-    from workbench.columns import FileScan
-    from workbench.validate import RunScan
+    from workbench.analyze.validate import RunScan
+    from workbench.rundir.columns import FileScan
 
 __all__ = ["SOURCE_FIELDS", "SubsetComparison", "compare_subsets"]
 

@@ -1,6 +1,6 @@
 """What one scan of a raw file keeps, and the incremental cache of it beside each dataset.
 
-A scan of ``raw_responses.jsonl`` (see :func:`workbench.validate.scan_run`) keeps, per file, a
+A scan of ``raw_responses.jsonl`` (see :func:`workbench.analyze.validate.scan_run`) keeps, per file, a
 :class:`FileScan`: the validation tallies (counts and first examples of each rule), one
 :class:`Columns` entry per record (the token counts, finish reason, times, the reasoning
 split and the per-record rules failed: what every report figure needs), and a sparse index
@@ -16,7 +16,7 @@ cache never changes a number. A cache that cannot be read is ignored, one that c
 written is skipped; deleting the cache folder is always safe.
 
 The same append-aware cache keeps other values read of an append-only file
-(:func:`save_appended`; the block digests of :func:`workbench.provenance.content_hash`).
+(:func:`save_appended`; the block digests of :func:`workbench.report.provenance.content_hash`).
 Smaller files read whole (prompts.jsonl, written once before the requests) keep a summary
 instead (:func:`save_summary`), used while the file's identity, size and modification time
 are those it was read with.
@@ -87,7 +87,7 @@ class Columns(msgspec.Struct):
 
     ``output_len``, ``reasoning_tokens``, ``answer_tokens`` and ``closed`` come from the
     output ids (None without them; ``closed`` None without reasoning); ``failed`` is a
-    bit mask over :data:`workbench.validate.RECORD_RULES`.
+    bit mask over :data:`workbench.analyze.validate.RECORD_RULES`.
     """
 
     line: list[int] = msgspec.field(default_factory=list)

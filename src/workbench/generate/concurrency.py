@@ -4,7 +4,7 @@ A fixed `--concurrency N` is a cap. `auto` (the default) starts at `START` and m
 every `interval` seconds, in one of two modes, and says which (`mode`):
 
 metrics     The servers' `/metrics` (through an sglang-router: every worker's own) are read
-            with `workbench.metrics`. SGLang runs best with its waiting queue non-empty and
+            with `workbench.server.metrics`. SGLang runs best with its waiting queue non-empty and
             its KV pool well used; a long queue only holds memory and, when the server admits
             too much, causes retractions (recomputed work). So, per server, with `running`
             and `queued` requests:
@@ -30,7 +30,7 @@ throughput  `/metrics` is off (404) or unreadable: hill-climb on the output toke
 
 In both modes a failed request that the server caused (timeout, 5xx, 429, abort) shrinks the
 cap by `BACKOFF` and holds growth (a lost connection pauses the whole run instead, see
-`workbench.runner`). Every change of the cap is kept in
+`workbench.generate.runner`). Every change of the cap is kept in
 `history` as (seconds since start, cap) for run.json and the progress line.
 """
 
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from workbench.errors import RequestFailed
-from workbench.metrics import MetricsSnapshot, parse_metrics
+from workbench.server.metrics import MetricsSnapshot, parse_metrics
 
 if TYPE_CHECKING:
-    from workbench.client import SGLangClient
+    from workbench.server.client import SGLangClient
 
 __all__ = [
     "AutoConcurrency",

@@ -6,14 +6,14 @@ One run sends every pending prompt of the chosen datasets through one `SGLangCli
   and long prompts are fed by two producers so a waiting long prompt never stalls the
   pipeline, which stays full across dataset boundaries. The global limit is a fixed cap
   (`concurrency: N`) or `auto` (the default), steered from the servers' `/metrics`
-  (`workbench.concurrency`); run.json keeps its history.
+  (`workbench.generate.concurrency`); run.json keeps its history.
 - Order: a dataset's prompts are sent in a seeded random order (`order: random`, the
   default; the seed is `order_seed` in run.json, kept on resume), or in file order
   (`order: file`). So a budget keeps a fair subset of a sorted or grouped file.
 - Budgets: `max_samples` limits the prompts taken (drawn in the send order); with
   `max_tokens`, a request is sent only while the finished completion tokens plus the
   projected tokens of the requests in flight and of the new one fit the budget
-  (`workbench.budget`); when nothing is in flight and not even one more fits, the budget is
+  (`workbench.generate.budget`); when nothing is in flight and not even one more fits, the budget is
   reached. In-flight requests always finish and are kept.
 - Resume (the default): finished `sample_id`s are skipped, failed ones retried, a torn last
   line is moved to `raw_responses.jsonl.torn`; a changed model or sampling refuses to resume.
@@ -43,21 +43,7 @@ from typing import Any
 import msgspec
 
 from workbench import __version__
-from workbench.budget import BudgetProjection
-from workbench.client import (
-    DEFAULT_REQUEST_TIMEOUT,
-    GenerateResult,
-    SGLangClient,
-    api_key_from_env,
-    redact_url,
-)
-from workbench.concurrency import (
-    AutoConcurrency,
-    Limiter,
-    ServerReading,
-    Steering,
-    read_servers,
-)
+from workbench.analyze.stats import format_duration
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import (
     BadRequest,
@@ -67,9 +53,18 @@ from workbench.errors import (
     RequestFailed,
     ResumeMismatch,
 )
+from workbench.generate.budget import BudgetProjection
+from workbench.generate.concurrency import (
+    AutoConcurrency,
+    Limiter,
+    ServerReading,
+    Steering,
+    read_servers,
+)
+from workbench.generate.prompts import Prompt, load_prompts
 from workbench.profiles import get_profile
-from workbench.prompts import Prompt, load_prompts
-from workbench.records import (
+from workbench.rundir.lock import hold_run_lock
+from workbench.rundir.records import (
     ERRORS_FILE,
     MANIFEST_FILE,
     PROMPTS_FILE,
@@ -82,8 +77,13 @@ from workbench.records import (
     repair_torn_tail,
     write_atomic,
 )
-from workbench.runlock import hold_run_lock
-from workbench.stats import format_duration
+from workbench.server.client import (
+    DEFAULT_REQUEST_TIMEOUT,
+    GenerateResult,
+    SGLangClient,
+    api_key_from_env,
+    redact_url,
+)
 
 __all__ = [
     "DatasetProgress",

@@ -42,10 +42,10 @@ range streams its blocks, so memory stays bounded by the block size times the wo
 one small entry per record: its columns, the sample id for the duplicate and orphan rules).
 
 :func:`scan_run` is that one pass over a run, keeping per record what the reports draw (the
-columns of :class:`~workbench.columns.Columns`: counts, finish reason, times, the reasoning
+columns of :class:`~workbench.rundir.columns.Columns`: counts, finish reason, times, the reasoning
 split, the rules failed) next to the findings; :func:`validate_run` is its report. The scan of
 each file is cached beside it, and a file that grew is read from where the last scan stopped
-(see :mod:`workbench.columns`).
+(see :mod:`workbench.rundir.columns`).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 import msgspec
 import numpy as np
 
-from workbench import prompt_scan
-from workbench.columns import Columns, FileScan, Tally, cache_key, load_cached, save_cached
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile, get_profile
-from workbench.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, Row, iter_blocks
+from workbench.rundir import prompt_scan
+from workbench.rundir.columns import Columns, FileScan, Tally, cache_key, load_cached, save_cached
+from workbench.rundir.records import MANIFEST_FILE, PROMPTS_FILE, RAW_FILE, Block, Row, iter_blocks
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -568,7 +568,7 @@ _RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}
 
 
 def failed_rules(mask: int) -> list[str]:
-    """The per-record rules of a :class:`~workbench.columns.Columns` ``failed`` mask."""
+    """The per-record rules of a :class:`~workbench.rundir.columns.Columns` ``failed`` mask."""
     return [rule for rule, bit in _RULE_BITS.items() if mask & bit]
 
 
@@ -793,7 +793,7 @@ class _Prompts:
 
 def _read_prompts(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> _Prompts | None:
     """Each prompt's first line; parse problems and repeats tallied (prompts.jsonl lines),
-    from the one read of prompts.jsonl the reports share (see :mod:`workbench.prompt_scan`)."""
+    from the one read of prompts.jsonl the reports share (see :mod:`workbench.rundir.prompt_scan`)."""
     path = ds.prompts_path
     if not path.is_file():
         return None
@@ -890,7 +890,7 @@ def _dataset_checker(
 @dataclass(frozen=True, slots=True)
 class RunScan:
     """One scan of a run: its datasets, the model profile, every raw file's
-    :class:`~workbench.columns.FileScan` (by dataset name) and the validation report."""
+    :class:`~workbench.rundir.columns.FileScan` (by dataset name) and the validation report."""
 
     run: RunInfo
     profile: ModelProfile
@@ -913,7 +913,7 @@ def scan_run(
     The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
     processes check large files (default: the CPU count, at most 16; 1 checks in-process).
     With `cache`, each file's scan is kept beside it and only bytes appended since are read
-    (see :mod:`workbench.columns`). DataError/ConfigError for bad input (not a run,
+    (see :mod:`workbench.rundir.columns`). DataError/ConfigError for bad input (not a run,
     unreadable run.json, unknown profile).
     """
     thresholds = thresholds or Thresholds()

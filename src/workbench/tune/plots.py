@@ -3,7 +3,7 @@
 The frames come from :mod:`workbench.tune` (`curves_frame`, `configs_frame`,
 `results_frame`) and the recommendation from `tune.recommend_sweep`; nothing is computed
 here. Figures return :class:`plotly.graph_objects.Figure`; blocks return
-:class:`workbench.plots.Rendered` (escaped HTML, plus the data shown under the workbench
+:class:`workbench.report.plots.Rendered` (escaped HTML, plus the data shown under the workbench
 data mimetype so tools and tests can read it back from an executed notebook). A
 configuration keeps its colour in every figure: its position in the sweep's order.
 """
@@ -18,10 +18,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.plots import REPORT_CSS, Rendered, _e, _empty
-from workbench.plots import _colors as _series_colors
-from workbench.plots import _names as _series_names
-from workbench.plots import _present as _series_groups
+from workbench.report.plots import REPORT_CSS, Rendered, _e, _empty
+from workbench.report.plots import _colors as _series_colors
+from workbench.report.plots import _names as _series_names
+from workbench.report.plots import _present as _series_groups
 from workbench.tune import format_hours
 
 __all__ = [
