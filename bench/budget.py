@@ -32,7 +32,9 @@ from pathlib import Path
 from workbench.config import load_manifest
 from workbench.demo import DEMO_SIM_ARGS, start_simulator
 from workbench.generate import budget
-from workbench.generate.runner import GenerateOptions, RunSummary, run_generation
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.progress import RunSummary
+from workbench.generate.session import run_generation
 from workbench.rundir.records import read_rows
 from workbench.server.client import SGLangClient
 

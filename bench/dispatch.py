@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.config import load_manifest
 from workbench.demo import start_simulator
-from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.session import run_generation
 from workbench.rundir.records import read_rows
 from workbench.server.client import SGLangClient, default_transport
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from common import DATA_DIR, iter_records
 
 from workbench.analyze import explore
-from workbench.analyze.validate import scan_run
+from workbench.analyze.scan import scan_run
 from workbench.report.explorer import Explorer
-from workbench.rundir.records import RAW_FILE, encode_line
+from workbench.rundir.layout import RAW_FILE
+from workbench.rundir.records import encode_line
 
 DATASETS = ("alpha", "beta")
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from common import DATA_DIR, MB
 from validate import DATASET, bench_run
 
-from workbench.export.exporter import ExportOptions, ExportSummary, export_run
-from workbench.rundir.records import PROMPTS_FILE, RAW_FILE
+from workbench.export.exporter import export_run
+from workbench.export.options import ExportOptions, ExportSummary
+from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
 
 
 def timed(run: Path, target: Path, options: ExportOptions, repeat: int) -> tuple[float, ExportSummary]:

@@ -43,8 +43,9 @@ from common import DATA_DIR, MB, STYLES, best_seconds, iter_records
 
 from workbench.analyze.stats import StatsCollector
 from workbench.analyze.validate import validate_run
-from workbench.report.render import REPORTS, run_report
-from workbench.rundir.columns import CACHE_DIR
+from workbench.report.parameters import REPORTS
+from workbench.report.render import run_report
+from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import ErrorRecord, PromptRecord
 
 STATS_TARGET = 5.0

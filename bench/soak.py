@@ -33,14 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.rundir.records import (
-    ERRORS_FILE,
-    RAW_FILE,
-    TORN_SUFFIX,
-    SampleId,
-    read_rows,
-    read_sample_ids,
-)
+from workbench.rundir.layout import ERRORS_FILE, RAW_FILE, TORN_SUFFIX
+from workbench.rundir.records import SampleId, read_rows, read_sample_ids
 from workbench.server.launch import ServerProcess, find_free_port, server_command
 
 INTEGRITY_RULES = (

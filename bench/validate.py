@@ -20,15 +20,10 @@ from pathlib import Path
 import numpy as np
 from common import DATA_DIR, MB, best_seconds, records_file
 
-from workbench.analyze.validate import SCAN_BLOCK_BYTES, validate_run
-from workbench.rundir.records import (
-    PROMPTS_FILE,
-    RAW_FILE,
-    PromptRecord,
-    encode_line,
-    iter_blocks,
-    read_rows,
-)
+from workbench.analyze.scan import SCAN_BLOCK_BYTES
+from workbench.analyze.validate import validate_run
+from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
+from workbench.rundir.records import PromptRecord, encode_line, iter_blocks, read_rows
 
 TARGET_MB_S = 150.0
 DATASET = "bench"

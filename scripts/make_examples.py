@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from workbench.generate.prompts import encode_messages, load_tokenizer
+from workbench.tokenizer import encode_messages, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "examples" / "text" / "alice_chapter_1.txt"

@@ -27,13 +27,16 @@ from conftest import EXAMPLES, workbench
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.analyze.stats import collect_stats, format_stats_table
-from workbench.analyze.validate import RecordChecker, format_report, validate_run
+from workbench.analyze.rules import RecordChecker
+from workbench.analyze.stats import collect_stats
+from workbench.analyze.stats_text import format_stats_table
+from workbench.analyze.validate import format_report, validate_run
 from workbench.demo import start_simulator
 from workbench.errors import WorkbenchError
-from workbench.export.exporter import ExportOptions, export_run
+from workbench.export.exporter import export_run
+from workbench.export.options import ExportOptions
 from workbench.profiles import get_profile
-from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import PromptRecord, encode_line, parse_lines
 from workbench.server.launch import ServerProcess, find_free_port
 
@@ -394,11 +397,13 @@ CASES: list[Any] = [
     pytest.param(lambda env: (env.generate(env.prompts_manifest(GOOD_IDS)[0], "open", "--only", "zzz"),
                               ["--only", "'zzz'"]), id="generate-only-unknown"),
     # stats, validate, monitor, export: the run directory
-    *(pytest.param(_run_case(verb, _missing, "{bad}", "no such directory" if verb in ("stats", "monitor") else "not a directory"),
+    *(pytest.param(_run_case(verb, _missing, "{bad}", "not a run directory (no such directory)"),
                    id=f"{verb}-run-missing") for verb in ("stats", "validate", "monitor")),
-    *(pytest.param(_run_case(verb, _a_file, "{bad}", "not a directory"), id=f"{verb}-run-is-a-file")
+    *(pytest.param(_run_case(verb, _a_file, "{bad}", "not a run directory (not a directory)"), id=f"{verb}-run-is-a-file")
       for verb in ("stats", "validate", "monitor")),
-    *(pytest.param(_run_case(verb, _empty_dir, "{bad}"), id=f"{verb}-run-empty") for verb in ("stats", "validate")),
+    *(pytest.param(_run_case(verb, _empty_dir, "{bad}", "not a run directory (no run.json and no "
+                             "<dataset>/raw_responses.jsonl)"), id=f"{verb}-run-empty")
+      for verb in ("stats", "validate")),
     *(pytest.param(_run_case(verb, _bad_run_json, "{bad}", "invalid JSON", "line 3"),
                    id=f"{verb}-run-json-bad-line-3") for verb in ("stats", "validate", "monitor")),
     *(pytest.param(_run_case(verb, _list_run_json, "{bad}", "JSON object"), id=f"{verb}-run-json-not-object")
@@ -413,8 +418,10 @@ CASES: list[Any] = [
                  id="validate-only-unknown"),
     pytest.param(_run_case("monitor", _nothing, "--interval", extra=lambda env: ["--interval", "-1"]),
                  id="monitor-interval-negative"),
-    pytest.param(_export(_missing, "{bad}", "not a directory"), id="export-run-missing"),
-    pytest.param(_export(_empty_dir, "{bad}", "no datasets"), id="export-run-empty"),
+    pytest.param(_export(_missing, "{bad}", "not a run directory (no such directory)"),
+                 id="export-run-missing"),
+    pytest.param(_export(_empty_dir, "{bad}", "not a run directory (no run.json and no "
+                                             "<dataset>/raw_responses.jsonl)"), id="export-run-empty"),
     pytest.param(_export(_bad_run_json, "{bad}", "invalid JSON", "line 3"), id="export-run-json-bad-line-3"),
     pytest.param(_export(_raw_is_a_dir, "{bad}", "not a regular file"), id="export-raw-unreadable"),
     pytest.param(_export(_bad_prompt_line, "{bad}:3:"), id="export-prompts-bad-json-line-3"),

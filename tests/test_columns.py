@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-import workbench.analyze.validate as validate_module
+import workbench.analyze.scan as scan_module
 from workbench.analyze import explore
+from workbench.analyze.scan import RunScan, scan_run
 from workbench.analyze.stats import collect_stats
 from workbench.analyze.subset import compare_subsets
-from workbench.analyze.validate import RunScan, scan_run
 from workbench.report import plots
 from workbench.rundir import prompt_scan
-from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import PromptRecord, Record, encode_line
 
 THINK_END, IM_END = 163607, 163586
@@ -66,13 +66,13 @@ def run(tmp_path: Path) -> Path:
 def starts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """(dataset, start offset) of every byte range scanned."""
     seen: list[tuple[str, int]] = []
-    scan_range = validate_module._scan_range
+    scan_range = scan_module._scan_range
 
     def recording(job: Any) -> Any:
         seen.append((Path(job.path).parent.name, job.start))
         return scan_range(job)
 
-    monkeypatch.setattr(validate_module, "_scan_range", recording)
+    monkeypatch.setattr(scan_module, "_scan_range", recording)
     return seen
 
 
@@ -174,8 +174,8 @@ def test_another_profile_or_threshold_does_not_reuse_the_scan(run: Path) -> None
 def test_ranges_in_workers_grow_the_cache_like_one_pass(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(validate_module, "MIN_RANGE_BYTES", 1500)
-    monkeypatch.setattr(validate_module, "SCAN_BLOCK_BYTES", 600)
+    monkeypatch.setattr(scan_module, "MIN_RANGE_BYTES", 1500)
+    monkeypatch.setattr(scan_module, "SCAN_BLOCK_BYTES", 600)
     scan_run(run, workers=3)
     append(run, lines(60, 40))
     append(run, lines(60, 10), name="b")
@@ -226,7 +226,7 @@ def test_stats_read_only_what_follows_a_cached_scan(
 def test_rows_are_read_back_from_their_own_blocks(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(validate_module, "SCAN_BLOCK_BYTES", 600)
+    monkeypatch.setattr(scan_module, "SCAN_BLOCK_BYTES", 600)
     monkeypatch.setattr(explore, "SCAN_BLOCK_BYTES", 600)
     scan = scan_run(run, cache=False)
     index = scan.files["a"]

@@ -132,7 +132,8 @@ def _auto_run(tmp_path: Path, sim: dict[str, Any], dataset: dict[str, Any]) -> t
 
     from workbench.config import load_manifest
     from workbench.demo import start_simulator
-    from workbench.generate.runner import GenerateOptions, run_generation
+    from workbench.generate.plan import GenerateOptions
+    from workbench.generate.session import run_generation
     from workbench.server.client import SGLangClient
 
     server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "speed": 4.0, **sim})

@@ -18,7 +18,7 @@ from workbench.analyze import explore
 from workbench.errors import ConfigError, InputError
 from workbench.report.explorer import Explorer
 from workbench.report.lab import explorer_notebook, set_parameters
-from workbench.report.render import load_parameters, notebook_parameters
+from workbench.report.parameters import load_parameters, notebook_parameters
 
 
 @pytest.fixture

@@ -10,11 +10,12 @@ import msgspec
 import pytest
 from conftest import EXAMPLES, write_manifest
 
-import workbench.export.exporter as export_module
+import workbench.export.sinks as sinks_module
 from workbench.errors import ConfigError, DataError
-from workbench.export.exporter import ExportOptions, export_run, format_summary
-from workbench.generate.prompts import load_tokenizer
+from workbench.export.exporter import export_run, format_summary
+from workbench.export.options import ExportOptions
 from workbench.rundir.records import PromptRecord, Record, encode_line
+from workbench.tokenizer import load_tokenizer
 
 TS, TE, END = 163606, 163607, 163586
 PROMPT = [163594, 101, 102, 163606]
@@ -74,7 +75,7 @@ def test_tokens_exact_ids_and_mask(tmp_path: Path) -> None:
 def test_parquet_matches_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow.parquet as pq
 
-    monkeypatch.setattr(export_module, "ROW_GROUP_ROWS", 2)
+    monkeypatch.setattr(sinks_module, "ROW_GROUP_ROWS", 2)
     plant(tmp_path / "run", "ds", [record(i, [i + 10] * i + [END]) for i in range(5)],
           {i: PROMPT[: i + 1] for i in range(5)})
     assert "Parquet" not in format_summary(export(tmp_path / "run", tmp_path / "out.jsonl"))
@@ -314,7 +315,7 @@ def test_bad_targets(tmp_path: Path) -> None:
         export(tmp_path / "run", tmp_path / "out.txt")
     with pytest.raises(ConfigError, match="--to: directory not found"):
         export(tmp_path / "run", tmp_path / "no" / "out.jsonl")
-    with pytest.raises(DataError, match="not a directory"):
+    with pytest.raises(DataError, match=r"nothing: not a run directory \(no such directory\)"):
         export(tmp_path / "nothing", tmp_path / "out.jsonl")
 
 

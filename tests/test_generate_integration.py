@@ -19,7 +19,8 @@ from conftest import EXAMPLES, jsonl, workbench, write_manifest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.config import load_manifest
-from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.session import run_generation
 from workbench.rundir.records import read_rows, read_sample_ids
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess, find_free_port

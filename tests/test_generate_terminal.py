@@ -19,8 +19,9 @@ import pytest
 from conftest import EXAMPLES, workbench, write_manifest
 from rich.console import Console
 
-from workbench.cli import _RichView, generate_exit_code, resume_line, summary_lines
-from workbench.generate.runner import DatasetProgress, RunSummary
+from workbench.cli import generate_exit_code, resume_command
+from workbench.generate.progress import DatasetProgress, RunSummary
+from workbench.generate.views import RichView, resume_line, summary_lines
 from workbench.server.launch import ServerProcess
 
 
@@ -38,7 +39,7 @@ def fake_runner(*items: DatasetProgress) -> SimpleNamespace:
 def test_bars_stay_readable(width: int) -> None:
     console = Console(file=io.StringIO(), width=width, height=width * 3 // 10, force_terminal=True,
                       color_system=None)  # 80x24, 160x48
-    view = _RichView(Path("out"), console=console)
+    view = RichView(Path("out"), console)
     items = [progress("B1_glaive", 10000, 201, done_this_run=1, tokens_this_run=23800, errors=3),
              progress("B3_pretok", 300, 300, done_this_run=300, tokens_this_run=600)]
     items[1].finished = time.perf_counter()
@@ -72,11 +73,12 @@ def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert generate_exit_code(summary(False)) == 0
     assert generate_exit_code(summary(False, failed=2)) == 1
     assert generate_exit_code(summary(True, failed=2)) == 130
-    assert summary_lines(summary(False, failed=2), Path("o"))[-2:] == [
+    command = resume_command()
+    assert summary_lines(summary(False, failed=2), Path("o"), command)[-2:] == [
         "failed after all attempts: a: 2 prompts (sample_id s0, s1; see o/a/errors.jsonl)",
         "rerun the same command to retry the failed prompts"]
-    assert "(sample_id s0, s1, s2, s3, s4, ...;" in summary_lines(summary(False, failed=7), Path("o"))[-2]
-    assert summary_lines(summary(True, dropped=7), Path("o"))[-1] == (
+    assert "(sample_id s0, s1, s2, s3, s4, ...;" in summary_lines(summary(False, failed=7), Path("o"), command)[-2]
+    assert summary_lines(summary(True, dropped=7), Path("o"), command)[-1] == (
         "stopped: 7 in-flight requests dropped (sent again on resume); "
         "to resume, run: workbench generate --out 'o dir'")
 

@@ -19,18 +19,14 @@ from rich.console import Console
 
 from workbench.analyze.stats import StatsCollector, collect_stats
 from workbench.config import load_manifest
-from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.session import run_generation
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess
-from workbench.watch.monitor import (
-    Monitor,
-    MonitorState,
-    Thresholds,
-    build_state,
-    render_frame,
-    render_rich,
-    run_monitor,
-)
+from workbench.watch.alerts import build_state
+from workbench.watch.monitor import Monitor, run_monitor
+from workbench.watch.render import render_frame, render_rich
+from workbench.watch.status import MonitorState, Thresholds
 
 NOW = time.time()
 

@@ -16,14 +16,12 @@ from rich.console import Console
 from test_monitor import NOW, flat, plant, run_json, state_of, steady
 
 from workbench.analyze.stats import StatsCollector
-from workbench.rundir.lock import LOCK_FILE, hold_run_lock, writer_alive
-from workbench.watch.monitor import (
-    MonitorState,
-    build_state,
-    render_frame,
-    render_rich,
-    run_monitor,
-)
+from workbench.rundir.layout import LOCK_FILE
+from workbench.rundir.lock import hold_run_lock, writer_alive
+from workbench.watch.alerts import build_state
+from workbench.watch.monitor import run_monitor
+from workbench.watch.render import render_frame, render_rich
+from workbench.watch.status import MonitorState
 
 KEY = ("dataset", "status", "done/target", "tok/s", "ETA")
 LONG = "B1_glaive_function_calling"

@@ -10,13 +10,8 @@ import yaml
 from conftest import ROOT, workbench
 
 from workbench.jobfolder import init_job_folder
-from workbench.report.render import (
-    REPORTS,
-    default_params,
-    link_latest,
-    load_parameters,
-    notebooks_dir,
-)
+from workbench.report.parameters import REPORTS, default_params, load_parameters, notebooks_dir
+from workbench.report.render import link_latest
 from workbench.resources import data_dir, report_names
 
 

@@ -17,6 +17,7 @@ from workbench.analyze.stats import collect_stats
 from workbench.analyze.validate import validate_run
 from workbench.errors import ConfigError
 from workbench.report import plots
+from workbench.report.jupyter import DATA_MIME, REPORT_ENV
 from workbench.rundir.records import PromptRecord, Record, encode_line
 
 THINK_END, IM_END = 163607, 163586
@@ -148,7 +149,7 @@ def test_blocks_escape_model_text_and_carry_data(run: Path, frame: pd.DataFrame)
     block = plots.samples_view(explore.samples(run, frame, n=20))
     bundle = block._repr_mimebundle_()
     assert SCRIPT not in bundle["text/html"] and "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in bundle["text/html"]
-    assert SCRIPT in json.dumps(bundle[plots.DATA_MIME])
+    assert SCRIPT in json.dumps(bundle[DATA_MIME])
     report = validate_run(run, workers=1)
     for view in (plots.examples_view(explore.examples_table(report, run)),
                  plots.findings_view(explore.findings_table(report)), plots.validation_banner(report)):
@@ -250,7 +251,7 @@ def test_empty_inputs_give_a_figure_with_a_message() -> None:
 
 
 def test_lab_figures_carry_data_not_plotly_js(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(plots.REPORT_ENV, raising=False)
+    monkeypatch.delenv(REPORT_ENV, raising=False)
     plots.setup_notebook()
     bundle = pio.renderers._build_mime_bundle(go.Figure(go.Scatter(x=[1], y=[2])).to_dict())
     assert set(bundle) == {"application/vnd.plotly.v1+json"}
@@ -258,7 +259,7 @@ def test_lab_figures_carry_data_not_plotly_js(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_offline_renderer_inlines_plotly_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plots.REPORT_ENV, "1")
+    monkeypatch.setenv(REPORT_ENV, "1")
     plots.setup_notebook()
     fig = go.Figure(go.Scatter(x=[1], y=[2]))
     first = pio.renderers._build_mime_bundle(fig.to_dict(), "workbench")

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from workbench.analyze.validate import Thresholds, validate_run
+from workbench.analyze.rules import Thresholds
+from workbench.analyze.validate import validate_run
 from workbench.rundir import prompt_scan
-from workbench.rundir.columns import CACHE_DIR, Tally
+from workbench.rundir.columns import Tally
+from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import iter_blocks, iter_prompt_blocks
 
 LINES = [

@@ -17,14 +17,9 @@ import pytest
 
 from workbench.config import DatasetSpec
 from workbench.errors import ConfigError, DataError
-from workbench.generate.prompts import (
-    Prompt,
-    encode_messages,
-    estimate_text_tokens,
-    load_prompts,
-    load_tokenizer,
-)
+from workbench.generate.prompts import Prompt, estimate_text_tokens, load_prompts
 from workbench.profiles import get_profile
+from workbench.tokenizer import encode_messages, load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -383,7 +378,7 @@ def test_missing_transformers_gives_the_install_hint(
 
 
 def test_loading_a_tokenizer_prints_nothing() -> None:
-    code = f"from workbench.generate.prompts import load_tokenizer; load_tokenizer({TOKENIZER!r})"
+    code = f"from workbench.tokenizer import load_tokenizer; load_tokenizer({TOKENIZER!r})"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

@@ -22,17 +22,16 @@ from browser import open_page
 from conftest import EXAMPLES, ROOT, generate_run, workbench
 
 from workbench.analyze.explore import filter_records, record_frame
-from workbench.analyze.stats import render_stats
+from workbench.analyze.stats_text import render_stats
 from workbench.errors import ConfigError, InputError, ReportError
 from workbench.report import provenance
-from workbench.report.render import (
+from workbench.report.parameters import (
     REPORTS,
-    cell_data,
     load_parameters,
     notebook_parameters,
     parse_overrides,
-    run_report,
 )
+from workbench.report.render import cell_data, run_report
 from workbench.rundir.records import Record, encode_line
 
 pytestmark = pytest.mark.integration
@@ -226,7 +225,7 @@ def test_failing_cell_is_named(run: dict[str, Any], tmp_path: Path) -> None:
         run_report("token_distribution", None, {"run_dir": str(empty)}, tmp_path)
     message = str(caught.value)
     assert "cell 2 (overview = explore.run_overview(" in message
-    assert "DataError" in message and "no datasets" in message
+    assert "DataError" in message and "no datasets in run.json" in message
     executed = next(tmp_path.glob("token_distribution-*/token_distribution.ipynb"))
     assert str(executed.resolve()) in message
 

@@ -24,7 +24,8 @@ from conftest import EXAMPLES, ROOT, jsonl, workbench, write_manifest
 from workbench.rundir.records import read_rows, read_sample_ids
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess, find_free_port, to_flags
-from workbench.watch.monitor import Monitor, render_frame
+from workbench.watch.monitor import Monitor
+from workbench.watch.render import render_frame
 
 EXAMPLE = ROOT / "params" / "router.example.yaml"
 REQUESTS = "sglang:num_requests_total"

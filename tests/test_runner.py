@@ -13,12 +13,9 @@ import pytest
 from workbench.analyze.validate import validate_run
 from workbench.config import Manifest, load_manifest
 from workbench.errors import DataError, ResumeMismatch
-from workbench.generate.runner import (
-    GenerateOptions,
-    RunSummary,
-    format_progress_line,
-    run_generation,
-)
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.progress import RunSummary, format_progress_line
+from workbench.generate.session import run_generation
 from workbench.rundir.records import read_rows, read_sample_ids
 from workbench.server.client import SGLangClient
 
@@ -221,6 +218,34 @@ async def test_resume_refuses_changed_sampling(tmp_path: Path) -> None:
         await run(changed, Server(lambda r, n: sglang_reply(r)), out)
     summary = await run(changed, Server(lambda r, n: sglang_reply(r)), out, force=True)
     assert summary.datasets["a"].done == 3
+
+
+async def test_run_json_keeps_one_history_entry_per_session(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 6, "b": [5] * 2})
+    out = tmp_path / "out"
+    await run(manifest, Server(lambda r, n: sglang_reply(r)), out, max_samples=3)
+    first = json.loads((out / "run.json").read_text())
+    await run(manifest, Server(lambda r, n: sglang_reply(r)), out, only=("a",))
+    second = json.loads((out / "run.json").read_text())
+    assert [entry["server_url"] for entry in second["history"]] == ["http://mock", "http://mock"]
+    assert second["history"][0] == first["history"][0]
+    assert second["history"][1]["started"] > first["history"][0]["started"]
+    assert second["history"][-1]["updated"] == second["updated"]
+    assert second["created"] == first["created"] and second["order_seed"] == first["order_seed"]
+    assert second["datasets"]["b"] == first["datasets"]["b"]  # not sent again, still described
+
+
+async def test_a_corrupt_run_json_stops_a_resume_before_anything_is_written(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 3})
+    out = tmp_path / "out"
+    await run(manifest, Server(lambda r, n: sglang_reply(r)), out, max_samples=2)
+    (out / "run.json").write_text('{"order_seed": 1,\n oops')
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    server = Server(lambda r, n: sglang_reply(r))
+    with pytest.raises(DataError, match=r"run.json: invalid JSON: .*line 2"):
+        await run(manifest, server, out)
+    assert server.calls == 0
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 async def test_no_resume_moves_old_outputs_aside(tmp_path: Path) -> None:

@@ -73,7 +73,8 @@ def test_the_run_manifest_drops_a_key_the_server_reports_and_url_credentials(tmp
     import json
 
     from workbench.config import load_manifest
-    from workbench.generate.runner import GenerateOptions, run_generation
+    from workbench.generate.plan import GenerateOptions
+    from workbench.generate.session import run_generation
     from workbench.server.client import SGLangClient
 
     def server(request: httpx.Request) -> httpx.Response:

@@ -16,7 +16,8 @@ import pytest
 from conftest import ROOT, write_manifest
 
 from workbench.config import load_manifest
-from workbench.generate.runner import GenerateOptions, run_generation
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.session import run_generation
 from workbench.rundir.records import read_sample_ids
 from workbench.server.client import SGLangClient
 

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench.analyze.stats as stats_module
-from workbench.analyze.stats import StatsCollector, collect_stats, render_stats
+from workbench.analyze.stats import StatsCollector, collect_stats
+from workbench.analyze.stats_text import render_stats
 from workbench.errors import InputError
 
 NOW = 1_750_000_000.0

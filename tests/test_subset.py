@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 import workbench.analyze.subset as subset_module
+from workbench.analyze.scan import scan_run
 from workbench.analyze.subset import compare_subsets
-from workbench.analyze.validate import scan_run
 from workbench.report.plots import subset_lengths_figure, subset_view
-from workbench.rundir.columns import CACHE_DIR
+from workbench.rundir.layout import CACHE_DIR
 
 
 def plant_run(root: Path, sent: list[int], count: int = 600) -> None:

@@ -15,7 +15,7 @@ from test_export import END, PROMPT, TE, export, plant, record
 from workbench.errors import ConfigError
 from workbench.export.exporter import format_summary
 from workbench.export.trainers import row_digest
-from workbench.generate.prompts import load_tokenizer
+from workbench.tokenizer import load_tokenizer
 
 THINK, IM_ASSISTANT = 163606, 163588
 CHATS = ("B1_glaive", "B2_code")  # the demo's datasets with messages

@@ -9,18 +9,16 @@ from typing import Any
 import msgspec
 import pytest
 
-import workbench.analyze.validate as validate_module
-from workbench.analyze.validate import (
+import workbench.analyze.scan as scan_module
+from workbench.analyze.rules import (
     RECORD_RULES,
     SEVERITY,
     RecordChecker,
     Thresholds,
-    exit_code,
-    format_report,
     record_failures,
     record_problems,
-    validate_run,
 )
+from workbench.analyze.validate import exit_code, format_report, validate_run
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import get_profile
 from workbench.rundir.records import PromptRecord, Record, Row, encode_line, parse_lines
@@ -218,9 +216,10 @@ def test_thinking_switched_off_in_run_json(tmp_path: Path) -> None:
 
 
 def test_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="not a directory"):
+    with pytest.raises(DataError, match=r"absent: not a run directory \(no such directory\)"):
         validate_run(tmp_path / "absent")
-    with pytest.raises(DataError, match="no datasets"):
+    with pytest.raises(DataError, match=r"not a run directory \(no run.json and no "
+                                        r"<dataset>/raw_responses.jsonl\)"):
         validate_run(tmp_path)
     (tmp_path / "run.json").write_text("{oops")
     with pytest.raises(DataError, match="run.json: invalid JSON"):
@@ -246,9 +245,9 @@ def test_ranges_in_workers_match_one_pass(tmp_path: Path, monkeypatch: pytest.Mo
     recs.append(record(3))
     plant(tmp_path, "ds", recs, list(range(0, 420, 2)), raw_tail=b'{"sample_id": 1')
     single = validate_run(tmp_path, workers=1, cache=False)
-    monkeypatch.setattr(validate_module, "MIN_RANGE_BYTES", 2000)
-    monkeypatch.setattr(validate_module, "SCAN_BLOCK_BYTES", 700)
-    assert len(validate_module._plan_ranges(tmp_path / "ds" / "raw_responses.jsonl", 5)) == 5
+    monkeypatch.setattr(scan_module, "MIN_RANGE_BYTES", 2000)
+    monkeypatch.setattr(scan_module, "SCAN_BLOCK_BYTES", 700)
+    assert len(scan_module._plan_ranges(tmp_path / "ds" / "raw_responses.jsonl", 5)) == 5
     assert validate_run(tmp_path, workers=5, cache=False) == single
     assert validate_run(tmp_path, workers=1, cache=False) == single
     assert single.datasets["ds"].records == 401

@@ -8,17 +8,15 @@ quick verb does not pay for the whole stack.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from workbench.generate.runner import DatasetProgress, Runner, RunSummary
+    from workbench.generate.progress import RunSummary
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 EXIT_INPUT = 2
 
@@ -169,7 +167,7 @@ def _progress_interval(given: float | None) -> float:
 
 
 def _options_from_args(args: argparse.Namespace) -> Any:
-    from workbench.generate.runner import GenerateOptions
+    from workbench.generate.plan import GenerateOptions
 
     return GenerateOptions(
         concurrency=args.concurrency, long_concurrency=args.long_concurrency,
@@ -198,193 +196,31 @@ def generate_exit_code(summary: RunSummary) -> int:
     return 1 if summary.failed else 0
 
 
-def _install_stop_signals(runner: Runner) -> None:
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        runner.request_stop()
-        if runner.stop_requests == 1:
-            print("stopping: letting in-flight requests finish (signal again to stop now)",
-                  file=sys.stderr, flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-
-
 def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) -> RunSummary:
-    """Run a generation with signal handling, progress output and a closing summary."""
-    from workbench.generate.runner import run_generation
-    from workbench.server.client import SGLangClient, api_key_from_env, request_timeout
+    """Run a generation with signal handling, a progress view (bars on a terminal, lines
+    otherwise) and a closing summary."""
+    from rich.console import Console
 
-    view = _progress_view(out)
-    timeout = request_timeout(options.request_timeout)
+    from workbench.generate.session import run_with_view
+    from workbench.generate.views import LineView, RichView, summary_lines
 
-    def on_start(runner: Runner) -> None:
-        _install_stop_signals(runner)
-        view.start(runner)
-
-    async def go() -> RunSummary:
-        async with SGLangClient(server, api_key=api_key_from_env(), timeout=timeout) as client:
-            return await run_generation(manifest, client, out, options, on_start=on_start,
-                                        on_progress=view.update, on_event=view.event)
-
-    try:
-        summary = asyncio.run(go())
-    finally:
-        view.stop()
-    for line in summary_lines(summary, out):
-        print(line, flush=True)
+    view = RichView(out, Console()) if sys.stdout.isatty() else LineView(out, _say)
+    summary = run_with_view(manifest, server, out, options, view,
+                            lambda message: print(message, file=sys.stderr, flush=True))
+    for line in summary_lines(summary, out, resume_command()):
+        _say(line)
     return summary
 
 
-def resume_line(out: Path, progress: Sequence[DatasetProgress]) -> str | None:
-    """`resuming OUT: 208/800 done, 592 to send` when earlier runs wrote records, else None."""
-    done = sum(p.done for p in progress)
-    if done == 0:
-        return None
-    target = sum(p.target for p in progress)
-    return f"resuming {out}: {done:,}/{target:,} done, {max(0, target - done):,} to send"
+def _say(message: str) -> None:
+    print(message, flush=True)
 
 
-def _rerun_command() -> str:
+def resume_command() -> str:
     """This very command, as a resume runs it (without --no-resume)."""
     import shlex
 
     return shlex.join(["workbench", *(a for a in sys.argv[1:] if a != "--no-resume")])
-
-
-class _LineView:
-    """Progress as plain lines: one per active dataset every interval (logs, CI, pipes)."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.reported_done: set[str] = set()
-        self.concurrency_said: str | None = None
-
-    def concurrency_changed(self, runner: Runner) -> str | None:
-        """`concurrency 96 (auto, metrics)` when the cap moved since it was last said."""
-        text = runner.concurrency_text()
-        if text == self.concurrency_said:
-            return None
-        self.concurrency_said = text
-        return text
-
-    def start(self, runner: Runner) -> None:
-        self.say_resume(runner)
-        names = ", ".join(f"{p.name} ({p.done}/{p.target} done)" for p in runner.progress())
-        print(f"generating {names}", flush=True)
-
-    def say_resume(self, runner: Runner) -> None:
-        line = resume_line(self.out, runner.progress())
-        if line is not None:
-            self.event(line)
-
-    def update(self, runner: Runner) -> None:
-        from workbench.generate.runner import format_progress_line
-
-        for p in runner.progress():
-            if p.name in self.reported_done or (p.done_this_run == 0 and p.in_flight == 0):
-                continue
-            if p.finished is not None:
-                self.reported_done.add(p.name)
-            print(format_progress_line(p), flush=True)
-        changed = self.concurrency_changed(runner)
-        if changed is not None:
-            print(changed, flush=True)
-
-    def event(self, message: str) -> None:
-        print(message, flush=True)
-
-    def stop(self) -> None:
-        pass
-
-
-def progress_fields(p: DatasetProgress) -> str:
-    """The short figures next to a dataset's bar: errors, tok/s and ETA (or how it ended)."""
-    from workbench.analyze.stats import format_duration
-
-    rate = p.tokens_this_run / p.elapsed()
-    if p.budget_reached:
-        end = "budget reached"
-    elif p.finished is not None:
-        end = "done"
-    else:
-        end = f"ETA {format_duration(p.eta_seconds())}"
-    return f"{p.errors} err {rate:,.0f} tok/s {end}"
-
-
-class _RichView(_LineView):
-    """Progress bars on a terminal, one per dataset: name, bar, done/target and the short
-    figures; the bar takes the width the others leave (readable at 80 columns)."""
-
-    def __init__(self, out: Path, console: Any = None) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        super().__init__(out)
-        self.bar = BarColumn(bar_width=10)
-        self.progress = Progress(TextColumn("{task.description}"), self.bar, MofNCompleteColumn(),
-                                 TextColumn("{task.fields[figures]}"), console=console)
-        self.tasks: dict[str, Any] = {}
-
-    def start(self, runner: Runner) -> None:
-        self.say_resume(runner)
-        progress = runner.progress()
-        for p in progress:
-            self.tasks[p.name] = self.progress.add_task(p.name, total=p.target, completed=p.done,
-                                                        figures=progress_fields(p))
-        self.bar.bar_width = self._bar_width(progress)
-        self.progress.start()
-
-    def _bar_width(self, progress: Sequence[DatasetProgress]) -> int:
-        """What the console's width leaves after the name, count and figures (10 to 40)."""
-        name = max((len(p.name) for p in progress), default=0)
-        count = max((2 * len(str(p.target)) + 1 for p in progress), default=3)
-        figures = len("999 err 99,999 tok/s ETA 99.9h")
-        spare = self.progress.console.width - name - count - figures - 3
-        return max(10, min(40, spare))
-
-    def update(self, runner: Runner) -> None:
-        for p in runner.progress():
-            self.progress.update(self.tasks[p.name], completed=p.done, figures=progress_fields(p))
-        changed = self.concurrency_changed(runner)
-        if changed is not None:
-            self.event(changed)
-
-    def event(self, message: str) -> None:
-        self.progress.console.print(message, highlight=False, markup=False)
-
-    def stop(self) -> None:
-        self.progress.stop()
-
-
-def _progress_view(out: Path) -> _LineView:
-    return _RichView(out) if sys.stdout.isatty() else _LineView(out)
-
-
-def summary_lines(summary: RunSummary, out: Path) -> list[str]:
-    """The closing summary: per dataset, the failed ones named, and after a stop the dropped
-    requests and the command that resumes."""
-    from workbench.analyze.stats import format_duration
-
-    state = "interrupted" if summary.interrupted else "finished"
-    lines = [(f"run {state} in {format_duration(summary.wall_seconds)}; {summary.retries} retries; "
-              f"output in {out}")]
-    for p in summary.datasets.values():
-        extra = f", budget {p.max_tokens} tokens (overshoot {p.overshoot})" if p.max_tokens else ""
-        lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
-                     f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion "
-                     f"tokens{extra}")
-    for p in summary.datasets.values():
-        if p.failed_samples:
-            ids = ", ".join(map(str, p.failed_samples[:5])) + (", ..." if len(p.failed_samples) > 5 else "")
-            lines.append(f"failed after all attempts: {p.name}: {len(p.failed_samples)} prompts "
-                         f"(sample_id {ids}; see {out / p.name / 'errors.jsonl'})")
-    if summary.failed and not summary.interrupted:
-        lines.append("rerun the same command to retry the failed prompts")
-    if summary.interrupted:
-        lines.append(f"stopped: {summary.dropped} in-flight requests dropped (sent again on resume); "
-                     f"to resume, run: {_rerun_command()}")
-    return lines
 
 
 # --------------------------------------------------------------------------- stats, monitor
@@ -397,7 +233,7 @@ def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from workbench.analyze.stats import render_stats
+    from workbench.analyze.stats_text import render_stats
 
     print(render_stats(args.out, as_json=args.json))
     return 0
@@ -476,7 +312,8 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from workbench.export.exporter import ExportOptions, export_run, format_summary
+    from workbench.export.exporter import export_run, format_summary
+    from workbench.export.options import ExportOptions
 
     drop = (("truncated",) if args.drop_truncated else ()) + args.drop
     options = ExportOptions(format=args.format, only=args.only, drop=drop, limit=args.limit,
@@ -511,7 +348,8 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError, InputError, ReportError
-    from workbench.report.render import DEFAULT_OUT, default_params, parse_overrides, run_report
+    from workbench.report.parameters import default_params, parse_overrides
+    from workbench.report.render import DEFAULT_OUT, run_report
 
     if (args.rerun is None) == (args.name is None):
         raise ConfigError("NAME", "give a report NAME, or --rerun REPORT_DIR (not both)")

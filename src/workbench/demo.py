@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import load_manifest
-from workbench.generate.runner import GenerateOptions, RunSummary
+from workbench.export.exporter import export_run, format_summary
+from workbench.export.options import ExportOptions
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.progress import RunSummary
+from workbench.report.render import demo_reports
 from workbench.server.launch import ServerProcess, find_free_port, server_command
+from workbench.tune import run_demo_sweep
 
 __all__ = ["DEMO_SIM_ARGS", "run_demo", "start_simulator"]
 
@@ -72,16 +77,12 @@ def _generate(out: Path, datasets: Path, generate: GenerateFn, resume: bool,
 
 
 def _report(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.report.render import demo_reports
-
     say("writing reports (papermill + nbconvert) ...")
     for result in demo_reports(out, out / "reports"):
         say(f"report: {result.html_path}")
 
 
 def _export(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.export.exporter import ExportOptions, export_run, format_summary
-
     target = out / "export" / "train.jsonl"
     target.parent.mkdir(parents=True, exist_ok=True)
     summary = export_run(out, target, ExportOptions(drop=("truncated", "reasoning_unclosed")))
@@ -89,8 +90,6 @@ def _export(out: Path, say: Callable[[str], None]) -> None:
 
 
 def _tune(out: Path, say: Callable[[str], None]) -> None:
-    from workbench.tune import run_demo_sweep
-
     say("tuning sweep on the simulator (params/tuning.sim.yaml, shortened) ...")
     report = run_demo_sweep(out / "tuning", out / "reports", say=say)
     say(f"tuning report: {report.html_path}")

@@ -3,7 +3,7 @@
 Everything here reads a run directory and returns plain data (pandas frames, small frozen
 dataclasses); :mod:`workbench.report.plots` draws them and counts nothing. The notebooks call one
 function of each per section. What reads records takes the run directory or, so that a
-report reads the run once, the result of :func:`workbench.analyze.validate.scan_run`.
+report reads the run once, the result of :func:`workbench.analyze.scan.scan_run`.
 
     run_overview          the report header: run.json facts, datasets, model profile
     record_frame          one row per record: token counts, finish reason, time, and the
@@ -44,25 +44,23 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from workbench.analyze.stats import RunStats
-from workbench.analyze.validate import (
-    SCAN_BLOCK_BYTES,
+from workbench.analyze.findings import ValidationReport
+from workbench.analyze.rules import (
     SEVERITY,
-    DatasetDir,
     RecordChecker,
-    RunInfo,
-    RunScan,
-    ValidationReport,
     failed_rules,
-    load_run,
     reasoning_expected,
     rule_bit,
-    scan_run,
 )
+from workbench.analyze.scan import SCAN_BLOCK_BYTES, RunScan, scan_run
+from workbench.analyze.stats import RunStats
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.rundir.columns import Columns, FileScan
-from workbench.rundir.records import PROMPTS_FILE, RAW_FILE, Row, iter_blocks
+from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
+from workbench.rundir.records import Row, iter_blocks
+from workbench.rundir.run import RunInfo, load_run
+from workbench.tokenizer import load_tokenizer
 
 __all__ = [
     "MIN_BUCKET_RECORDS",
@@ -191,7 +189,7 @@ def record_frame(
 ) -> pd.DataFrame:
     """One row per record of every dataset (or of `datasets`), columns RECORD_COLUMNS.
 
-    `run_dir` may be a :func:`~workbench.analyze.validate.scan_run` result, so that one scan feeds
+    `run_dir` may be a :func:`~workbench.analyze.scan.scan_run` result, so that one scan feeds
     every table of a report. Counts that cannot be read are NA (nullable Int64), never 0;
     ``finish_reason`` is "missing" when absent; ``time`` is ``ts`` as a UTC datetime. The
     split of output ids into reasoning and answer is :meth:`RecordChecker.split`.
@@ -466,7 +464,6 @@ def _rows_from(path: Path, offset: int, first: int, lines: set[int]) -> dict[int
 def _decoder(tokenizer: str | os.PathLike[str] | None) -> Any:
     if tokenizer is None:
         return None
-    from workbench.generate.prompts import load_tokenizer
 
     with warnings.catch_warnings():  # tqdm, imported by transformers, warns in a kernel without widgets
         warnings.filterwarnings("ignore", message="IProgress not found")
@@ -510,7 +507,7 @@ def examples_table(
     """Every example of every finding: dataset, rule, severity, file, line, detail, and for
     a record its sample_id, finish_reason, completion_tokens and an excerpt of its end
     (decoded with `tokenizer`, else its last ids with the profile's special ids named).
-    Given a :func:`~workbench.analyze.validate.scan_run` result, only the examples' blocks are read."""
+    Given a :func:`~workbench.analyze.scan.scan_run` result, only the examples' blocks are read."""
     scan = report if isinstance(report, RunScan) else None
     report = report.report if isinstance(report, RunScan) else report
     run = scan.run if scan is not None else load_run(_required(run_dir), list(report.datasets))
@@ -575,7 +572,7 @@ def findings_over_time(
     failed anywhere in the run (rule None when none did); rate is NaN in a bucket without
     records; ``enough`` is False for a bucket of fewer than `min_records` records, whose
     rate says little (the last records of a run are its longest, often truncated, replies).
-    `run_dir` may be a :func:`~workbench.analyze.validate.scan_run` result (nothing read again).
+    `run_dir` may be a :func:`~workbench.analyze.scan.scan_run` result (nothing read again).
     """
     scan = _scanned(run_dir, model_profile)
     names = list(scan.files)

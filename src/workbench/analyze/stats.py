@@ -1,10 +1,8 @@
 """Per-dataset statistics of a run directory, collected incrementally.
 
 :class:`StatsCollector` remembers, for every file it reads, the byte offset it reached and
-parses only what was appended since the previous :meth:`~StatsCollector.refresh`. A file
-that shrank, was replaced (another inode) or whose last 256 bytes before the remembered
-offset changed is read again from the start (an in-place rewrite that keeps those bytes goes
-unnoticed; writers only append). The result equals a fresh full scan at the same ``now``,
+parses only what was appended since the previous :meth:`~StatsCollector.refresh` (a file
+that changed otherwise is read again: :class:`workbench.rundir.cursor.Cursor`). The result equals a fresh full scan at the same ``now``,
 as long as ``now`` does not go backwards between refreshes. A first read starts from what a
 report or ``validate`` cached beside the file (:mod:`workbench.rundir.columns`), so ``workbench
 stats`` reads only the bytes written since; an unchanged prompts.jsonl is not read again.
@@ -34,42 +32,35 @@ What is counted, per dataset (``OUT/<name>/``):
                                 ends first) over the recent rate; 0 when finished, None
                                 without a target or a rate
 
-The total row sums the datasets; its ETA is the records left everywhere over the summed
-request rate (datasets of a run share one pipeline). Lines that are not rows are counted in
-``bad_lines``; a last line without newline only sets ``torn_tail`` until it is complete.
+The progress figures (target, rates, finished, ETA) are :mod:`workbench.analyze.eta`'s; the
+counting of each file is :mod:`workbench.analyze.counters`; the text of ``workbench stats``
+is :mod:`workbench.analyze.stats_text`. The total row sums the datasets. Lines that are not
+rows are counted in ``bad_lines``; a last line without newline only sets ``torn_tail`` until
+it is complete.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import math
 import os
 import time
-from array import array
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from workbench.errors import DataError, InputError
+from workbench.analyze.counters import ErrorCounts, PromptCounts, RawCounts, nearest_ranks
+from workbench.analyze.eta import Progress, Target, progress, rates, total_progress
+from workbench.errors import DataError
 from workbench.rundir import prompt_scan
-from workbench.rundir.columns import load_cached
-from workbench.rundir.records import (
-    ERRORS_FILE,
-    MANIFEST_FILE,
-    PROMPTS_FILE,
-    RAW_FILE,
-    Block,
-    iter_blocks,
-)
+from workbench.rundir.columns import FileScan, load_cached
+from workbench.rundir.cursor import Cursor, guarded, line_chunks
+from workbench.rundir.layout import DatasetDir, find_datasets
+from workbench.rundir.manifest import ManifestWatcher, dataset_entries
+from workbench.rundir.records import iter_blocks
+from workbench.rundir.run import run_root
 
 if TYPE_CHECKING:
-    from workbench.analyze.validate import RunScan
-    from workbench.rundir.columns import FileScan
+    from workbench.analyze.scan import RunScan
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -78,24 +69,11 @@ __all__ = [
     "RecentStats",
     "RunStats",
     "StatsCollector",
-    "check_run_dir",
     "collect_stats",
-    "format_count",
-    "format_duration",
-    "format_stats_table",
-    "format_table",
-    "render_stats",
 ]
 
 DEFAULT_WINDOW = 300.0
 RECENT_ROWS = 1000
-PERCENTILES = (50, 90, 99)
-_TAIL_BYTES = 256
-_LINE_BLOCK = 8 << 20
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-T = TypeVar("T")
-_SERIALS = itertools.count()
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -236,342 +214,21 @@ def _layout_name(layouts: Mapping[str, int]) -> str:
     return present[0] if len(present) == 1 else "mixed"
 
 
-# --- files read from a remembered offset -----------------------------------------------------
-
-
-class _Cursor:
-    """Where the last read of one file stopped, and how to tell that the file changed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.ident: tuple[int, int] | None = None
-        self.stamp: tuple[int, int] | None = None
-        self.offset = 0
-        self.line = 1
-        self.tail = b""
-        self.mtime: float | None = None
-
-    def poll(self) -> str:
-        """What changed: same, grown (read from offset), reset (read from 0), gone (forget)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            known = self.ident is not None
-            self._forget()
-            return "gone" if known else "same"
-        ident, stamp = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
-        self.mtime = st.st_mtime
-        if ident == self.ident and stamp == self.stamp:
-            return "same"
-        replaced = self.ident is not None and (
-            ident != self.ident or st.st_size < self.offset or not self._tail_matches()
-        )
-        if replaced:
-            self._forget()
-            self.mtime = st.st_mtime
-        self.ident, self.stamp = ident, stamp
-        return "reset" if replaced else "grown"
-
-    def advance(self, offset: int, line: int) -> None:
-        """Remember that whole lines up to offset were read (line numbers the next one)."""
-        if offset != self.offset:
-            self.offset, self.line = offset, line
-            self.tail = self._read_tail()
-
-    def _forget(self) -> None:
-        self.ident = self.stamp = self.mtime = None
-        self.offset, self.line, self.tail = 0, 1, b""
-
-    def _read_tail(self) -> bytes:
-        start = max(0, self.offset - _TAIL_BYTES)
-        try:
-            with open(self.path, "rb") as file:
-                file.seek(start)
-                return file.read(self.offset - start)
-        except OSError:
-            return b""
-
-    def _tail_matches(self) -> bool:
-        return self.offset == 0 or self._read_tail() == self.tail
-
-
-def _line_chunks(path: Path, offset: int) -> Iterator[tuple[bytes, int]]:
-    """(whole lines, offset after them) from offset up to the file's last newline."""
-    with open(path, "rb") as file:
-        file.seek(offset)
-        carry = b""
-        while data := file.read(_LINE_BLOCK):
-            data = carry + data
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                offset += cut
-                yield data[:cut], offset
-
-
-def _text_lines(data: bytes) -> Iterator[bytes]:
-    """The non-blank lines of whole-line bytes."""
-    return (line for line in data.split(b"\n") if line.strip())
-
-
-# --- record ids, 8 bytes each ----------------------------------------------------------------
-
-
-class _IdIndex:
-    """Sample ids of the records read: ints as themselves, other ids by their hash.
-
-    Only asked which error ids have a record, so a (rare) hash collision can at worst hide
-    one failed id; memory stays at 8 bytes a record.
-    """
-
-    def __init__(self) -> None:
-        self.ints = array("q")
-        self.keys = array("q")
-
-    def extend(self, sample_ids: Iterable[object]) -> None:
-        ints = self.ints
-        for sample_id in sample_ids:
-            if _is_int64(sample_id):
-                ints.append(sample_id)
-            elif sample_id is not None:
-                self.keys.append(hash(sample_id))
-
-    def without_records(self, ids: Iterable[object]) -> set[object]:
-        """The ids of ``ids`` that no record has."""
-        candidates = set(ids)
-        ints = [i for i in candidates if _is_int64(i)]
-        hashed: dict[int, set[object]] = {}
-        for other in candidates.difference(ints):
-            hashed.setdefault(hash(other), set()).add(other)
-        found: set[object] = set(_present(self.ints, ints))
-        for key in _present(self.keys, list(hashed)):
-            found |= hashed[key]
-        return candidates - found
-
-
-def _present(pool: array[int], values: list[int]) -> list[int]:
-    """The values that occur in pool (a vectorised scan; few values are the usual case)."""
-    if not values or not pool:
-        return []
-    import numpy as np
-
-    data = np.frombuffer(pool, dtype=np.int64)
-    hits: list[int] = np.unique(data[np.isin(data, np.array(values, dtype=np.int64))]).tolist()
-    return hits
-
-
-def _is_int64(value: object) -> TypeGuard[int]:
-    return type(value) is int and _INT64[0] <= value <= _INT64[1]
-
-
-# --- per-file accumulators -------------------------------------------------------------------
-
-
-class _Raw:
-    """Everything counted from raw_responses.jsonl."""
-
-    def __init__(self, recent_rows: int) -> None:
-        self.serial = next(_SERIALS)
-        self.records = 0
-        self.prompt_tokens = 0
-        self.prompt_counted = 0
-        self.completion_tokens = 0
-        self.completions = array("q")
-        self.cached_tokens = 0
-        self.reasons: dict[str, int] = {}
-        self.layouts: dict[str, int] = {}
-        self.bad_lines = 0
-        self.torn = False
-        self.ids = _IdIndex()
-        self.first_ts: float | None = None
-        self.window: deque[tuple[float, int]] = deque()
-        self.last: deque[tuple[bool, bool, str | None]] = deque(maxlen=recent_rows)
-        self._percentiles: tuple[int, tuple[int | None, ...], int | None] | None = None
-        self._recent: tuple[int, tuple[int, ...]] | None = None
-
-    def add_block(self, block: Block, cutoff: float, unresolved: set[object]) -> None:
-        bad_lines = sum(1 for p in block.problems if p.kind != "torn")
-        torn = any(p.kind == "torn" for p in block.problems)
-        rows = block.rows
-        fields = _Fields(*([getattr(row, name) for row in rows] for name in _Fields._fields))
-        self.add_fields(fields, bad_lines, torn, cutoff, unresolved)
-
-    def add_scan(self, scan: FileScan, cutoff: float, unresolved: set[object]) -> None:
-        """Count the records of a scan (see :func:`workbench.analyze.validate.scan_run`)."""
-        c = scan.columns
-        counts = scan.tally.counts
-        bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
-        fields = _Fields(c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
-                         c.cached_tokens, c.finish_reason, c.ts)
-        self.add_fields(fields, bad_lines, scan.torn is not None, cutoff, unresolved)
-
-    def add_fields(self, fields: _Fields, bad_lines: int, torn: bool, cutoff: float,
-                   unresolved: set[object]) -> None:
-        """Count records given as one list per field, in file order."""
-        self.records += len(fields.layout)
-        self.bad_lines += bad_lines
-        self.torn = torn
-        self._add_counts(fields)
-        self._add_labels(fields, unresolved)
-        self._add_times(fields, cutoff)
-        size = self.last.maxlen or 1
-        self.last.extend(zip((c is None for c in fields.completion_tokens[-size:]),
-                             (p is None for p in fields.prompt_tokens[-size:]),
-                             fields.finish_reason[-size:]))
-
-    def _add_counts(self, fields: _Fields) -> None:
-        completions = [c for c in fields.completion_tokens if c is not None]
-        self.completions.extend([min(c, _INT64[1]) for c in completions])  # JSON allows uint64
-        self.completion_tokens += sum(completions)
-        prompts = [p for p in fields.prompt_tokens if p is not None]
-        self.prompt_tokens += sum(prompts)
-        self.prompt_counted += len(prompts)
-        self.cached_tokens += sum(c for c in fields.cached_tokens if c is not None)
-
-    def _add_labels(self, fields: _Fields, unresolved: set[object]) -> None:
-        for counts, values in ((self.reasons, fields.finish_reason), (self.layouts, fields.layout)):
-            for value, count in Counter(values).items():
-                key = "missing" if value is None else value
-                counts[key] = counts.get(key, 0) + count
-        self.ids.extend(fields.sample_id)
-        if unresolved:
-            unresolved.difference_update(fields.sample_id)
-
-    def _add_times(self, fields: _Fields, cutoff: float) -> None:
-        times = [ts for ts in fields.ts if ts is not None]
-        if not times:
-            return
-        first = min(times)
-        if self.first_ts is None or first < self.first_ts:
-            self.first_ts = first
-        self.window.extend((ts, tokens or 0) for ts, tokens
-                           in zip(fields.ts, fields.completion_tokens, strict=True)
-                           if ts is not None and ts > cutoff)
-
-    def recent_counts(self) -> tuple[int, ...]:
-        """(rows, missing completion, missing prompt, truncated, with a reason) of the last rows."""
-        if self._recent is None or self._recent[0] != self.records:
-            last = self.last
-            counts = (
-                len(last),
-                sum(1 for missing, _, _ in last if missing),
-                sum(1 for _, missing, _ in last if missing),
-                sum(1 for _, _, reason in last if reason == "length"),
-                sum(1 for _, _, reason in last if reason is not None),
-            )
-            self._recent = (self.records, counts)
-        return self._recent[1]
-
-    def percentiles(self) -> tuple[tuple[int | None, ...], int | None]:
-        """(p50, p90, p99) and max of the completion counts, cached until new ones arrive."""
-        if self._percentiles is None or self._percentiles[0] != len(self.completions):
-            values, top = _nearest_ranks([self.completions])
-            self._percentiles = (len(self.completions), values, top)
-        return self._percentiles[1], self._percentiles[2]
-
-
-def _nearest_ranks(arrays: Sequence[array[int]]) -> tuple[tuple[int | None, ...], int | None]:
-    """Nearest-rank percentiles and the max over the values of several arrays."""
-    size = sum(len(a) for a in arrays)
-    if size == 0:
-        return (None,) * len(PERCENTILES), None
-    import numpy as np
-
-    values = np.concatenate([np.frombuffer(a, dtype=np.int64) for a in arrays if len(a)])
-    ranks = [max(1, math.ceil(p / 100 * size)) - 1 for p in PERCENTILES]
-    values.partition(ranks)
-    return tuple(int(values[k]) for k in ranks), int(values.max())
-
-
-class _Fields(NamedTuple):
-    """What the counts need of records: one list per field, in file order."""
-
-    sample_id: Sequence[object]
-    layout: Sequence[str]
-    prompt_tokens: Sequence[int | None]
-    completion_tokens: Sequence[int | None]
-    cached_tokens: Sequence[int | None]
-    finish_reason: Sequence[str | None]
-    ts: Sequence[float | None]
-
-
-class _ErrorLine(msgspec.Struct):
-    sample_id: int | str | None = None
-    ts: float | None = None
-
-
-_ERROR_DECODER = msgspec.json.Decoder(_ErrorLine)
-
-
-class _Errors:
-    """Lines of errors.jsonl: how many, which ids, and the recent ones' times."""
-
-    def __init__(self) -> None:
-        self.lines = 0
-        self.ids: set[object] = set()
-        self.window: deque[float] = deque()
-
-    def add(self, data: bytes, cutoff: float) -> list[object]:
-        """Count the lines; return the ids not seen before."""
-        new: list[object] = []
-        for text in _text_lines(data):
-            self.lines += 1
-            try:
-                error = _ERROR_DECODER.decode(text)
-            except msgspec.DecodeError:
-                continue
-            if error.ts is not None and error.ts > cutoff:
-                self.window.append(error.ts)
-            if error.sample_id is not None and error.sample_id not in self.ids:
-                self.ids.add(error.sample_id)
-                new.append(error.sample_id)
-        return new
-
-
-class _Prompts:
-    """Lines of prompts.jsonl and the ids of the pre-tokenized ones."""
-
-    def __init__(self) -> None:
-        self.lines = 0
-        self.tokenized = 0
-        self.tokens = 0
-
-    def add(self, part: prompt_scan.PromptScan) -> None:
-        """Count the lines of a scan of the file (or of the bytes appended to it)."""
-        self.lines += part.lines
-        self.tokenized += part.tokenized
-        self.tokens += part.tokens
-
-
 # --- one dataset -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    records: int | None
-    max_tokens: int | None
-
-    @classmethod
-    def from_manifest(cls, entry: Mapping[str, Any], prompt_lines: int | None) -> _Target:
-        counts = [entry.get("prompts"), entry.get("max_samples")]
-        known = [int(c) for c in counts if isinstance(c, int) and not isinstance(c, bool)]
-        records = min(known) if known else prompt_lines
-        budget = entry.get("max_tokens")
-        return cls(records, budget if isinstance(budget, int) and budget > 0 else None)
 
 
 class _Dataset:
     """The three files of one dataset and what was counted from them."""
 
-    def __init__(self, folder: Path, recent_rows: int) -> None:
-        self.folder = folder
+    def __init__(self, ds: DatasetDir, recent_rows: int) -> None:
+        self.ds = ds
         self.recent_rows = recent_rows
-        self.raw_cursor = _Cursor(folder / RAW_FILE)
-        self.errors_cursor = _Cursor(folder / ERRORS_FILE)
-        self.prompts_cursor = _Cursor(folder / PROMPTS_FILE)
-        self.raw = _Raw(recent_rows)
-        self.errors = _Errors()
-        self.prompts = _Prompts()
+        self.raw_cursor = Cursor(ds.raw_path)
+        self.errors_cursor = Cursor(ds.errors_path)
+        self.prompts_cursor = Cursor(ds.prompts_path)
+        self.raw = RawCounts(recent_rows)
+        self.errors = ErrorCounts()
+        self.prompts = PromptCounts()
         self.unresolved: set[object] = set()
 
     def update(self, cutoff: float, scanned: FileScan | None = None) -> None:
@@ -587,7 +244,7 @@ class _Dataset:
 
     def _use_scan(self, scanned: FileScan, cutoff: float) -> None:
         self.raw_cursor.poll()  # the file's last write time
-        self.raw = _Raw(self.recent_rows)
+        self.raw = RawCounts(self.recent_rows)
         self.unresolved = set(self.errors.ids)
         self.raw.add_scan(scanned, cutoff, self.unresolved)
 
@@ -601,10 +258,10 @@ class _Dataset:
     def _update_errors(self, cutoff: float) -> None:
         change = self.errors_cursor.poll()
         if change in ("reset", "gone"):
-            self.errors, self.unresolved = _Errors(), set()
+            self.errors, self.unresolved = ErrorCounts(), set()
         if change in ("grown", "reset"):
             cursor = self.errors_cursor
-            for data, offset in _guarded(cursor.path, _line_chunks(cursor.path, cursor.offset)):
+            for data, offset in guarded(cursor.path, line_chunks(cursor.path, cursor.offset)):
                 new = self.errors.add(data, cutoff)
                 self.unresolved |= self.raw.ids.without_records(new)
                 cursor.advance(offset, 1)
@@ -612,7 +269,7 @@ class _Dataset:
     def _update_raw(self, cutoff: float) -> None:
         change = self.raw_cursor.poll()
         if change in ("reset", "gone"):
-            self.raw = _Raw(self.recent_rows)
+            self.raw = RawCounts(self.recent_rows)
             self.unresolved = set(self.errors.ids)
         if change in ("grown", "reset"):
             cursor = self.raw_cursor
@@ -620,7 +277,7 @@ class _Dataset:
             if cursor.offset == 0:
                 self._start_from_cache(cutoff)
             blocks = iter_blocks(cursor.path, offset=cursor.offset, first_line=cursor.line)
-            for block in _guarded(cursor.path, blocks):
+            for block in guarded(cursor.path, blocks):
                 self.raw.add_block(block, cutoff, self.unresolved)
                 cursor.advance(block.end_offset, block.first_line + block.lines)
 
@@ -638,7 +295,7 @@ class _Dataset:
         :mod:`workbench.rundir.prompt_scan`), then only the bytes appended since."""
         change = self.prompts_cursor.poll()
         if change in ("reset", "gone"):
-            self.prompts = _Prompts()
+            self.prompts = PromptCounts()
         if change in ("grown", "reset"):
             cursor = self.prompts_cursor
             try:
@@ -651,18 +308,16 @@ class _Dataset:
             self.prompts.add(part)
             cursor.advance(part.end_offset, 1)
 
-    def snapshot(
-        self, name: str, now: float, window: float, entry: Mapping[str, Any]
-    ) -> DatasetStats:
+    def snapshot(self, now: float, window: float) -> DatasetStats:
         """The dataset's figures at ``now``."""
         raw = self.raw
         prompt_lines = self.prompts.lines if self.prompts_cursor.ident is not None else None
-        target = _Target.from_manifest(entry, prompt_lines)
-        tok_rate, req_rate, window_records = _rates(raw.window, raw.first_ts, now, window)
+        target = Target.from_manifest(self.ds.settings, prompt_lines)
+        tok_rate, req_rate, window_records = rates(raw.window, raw.first_ts, now, window)
         percentiles, top = raw.percentiles()
         counted = len(raw.completions)
         stats = DatasetStats(
-            name=name,
+            name=self.ds.name,
             records=raw.records,
             errors=self.errors.lines,
             failed_missing=len(self.unresolved),
@@ -689,7 +344,7 @@ class _Dataset:
             last_error_write=self.errors_cursor.mtime,
             recent=self._recent(window_records, now - window),
         )
-        return _with_progress(stats)
+        return replace(stats, **progress(stats)._asdict())
 
     def _recent(self, window_records: int, cutoff: float) -> RecentStats:
         rows, missing_completion, missing_prompt, truncated, with_reason = self.raw.recent_counts()
@@ -704,81 +359,9 @@ class _Dataset:
         )
 
 
-def _guarded(path: Path, items: Iterator[T]) -> Iterator[T]:
-    """items, or nothing more once the file vanished; other read failures name the file."""
-    try:
-        yield from items
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
-
-
 def _truncation(reasons: Mapping[str, int]) -> float | None:
     known = sum(count for reason, count in reasons.items() if reason != "missing")
     return reasons.get("length", 0) / known if known else None
-
-
-def _rates(
-    window: Iterable[tuple[float, int]], first_ts: float | None, now: float, length: float
-) -> tuple[float | None, float | None, int]:
-    """(completion tok/s, records/s, records in the window) over the last ``length`` seconds."""
-    cutoff = now - length
-    recent = [(ts, tokens) for ts, tokens in window if ts > cutoff]
-    if first_ts is None:
-        return None, None, len(recent)
-    span, tokens, count = length, sum(t for _, t in recent), len(recent)
-    if first_ts > cutoff and recent:
-        span = now - first_ts
-        first = min(recent)
-        tokens, count = tokens - first[1], count - 1
-    if span <= 0:
-        return 0.0, 0.0, len(recent)
-    return tokens / span, count / span, len(recent)
-
-
-def _with_progress(stats: DatasetStats) -> DatasetStats:
-    """stats with remaining_records, finished and eta_s filled in."""
-    remaining, token_left = _remaining(stats)
-    finished = remaining is not None and remaining <= 0
-    if stats.max_tokens is not None and stats.completion_tokens >= stats.max_tokens:
-        finished = True
-    eta = 0.0 if finished else _eta(remaining, token_left, stats)
-    left = 0.0 if finished else _records_left(remaining, token_left, stats)
-    return _replace(stats, remaining_records=left, finished=finished, eta_s=eta)
-
-
-def _remaining(stats: DatasetStats) -> tuple[int | None, int | None]:
-    """(records left, completion tokens left under the budget)."""
-    records = None
-    if stats.target_records is not None:
-        records = max(0, stats.target_records - stats.records - stats.failed_missing)
-    tokens = None
-    if stats.max_tokens is not None:
-        tokens = max(0, stats.max_tokens - stats.completion_tokens)
-    return records, tokens
-
-
-def _eta(records: int | None, tokens: int | None, stats: DatasetStats) -> float | None:
-    candidates = []
-    if records is not None and stats.requests_per_s:
-        candidates.append(records / stats.requests_per_s)
-    if tokens is not None and stats.tokens_per_s:
-        candidates.append(tokens / stats.tokens_per_s)
-    return min(candidates) if candidates else None
-
-
-def _records_left(records: int | None, tokens: int | None, stats: DatasetStats) -> float | None:
-    """Records still to come: by count, or by the token budget over the average reply."""
-    by_tokens = None
-    if tokens is not None and stats.avg_completion_tokens:
-        by_tokens = tokens / stats.avg_completion_tokens
-    known = [value for value in (records, by_tokens) if value is not None]
-    return float(min(known)) if known else None
-
-
-def _replace(stats: DatasetStats, **changes: Any) -> DatasetStats:
-    return replace(stats, **changes)
 
 
 # --- the total row ---------------------------------------------------------------------------
@@ -818,15 +401,9 @@ def _total(
 
 
 def _with_total_progress(total: DatasetStats, datasets: Sequence[DatasetStats]) -> DatasetStats:
-    unfinished = [d for d in datasets if not d.finished]
-    remaining = _sum_known([d.remaining_records for d in unfinished]) if unfinished else 0.0
     req_rate = _sum_known([d.requests_per_s for d in datasets], partial=True)
-    eta = None
-    if not unfinished:
-        eta = 0.0
-    elif remaining is not None and req_rate:
-        eta = remaining / req_rate
-    return _replace(
+    parts = [Progress(d.remaining_records, d.finished, d.eta_s) for d in datasets]
+    return replace(
         total,
         prepared_prompts=_sum_known([d.prepared_prompts for d in datasets], partial=True),
         prepared_prompt_tokens=_sum_known(
@@ -835,10 +412,8 @@ def _with_total_progress(total: DatasetStats, datasets: Sequence[DatasetStats]) 
         tokens_per_s=_sum_known([d.tokens_per_s for d in datasets], partial=True),
         requests_per_s=req_rate,
         target_records=_sum_known([d.target_records for d in datasets]),
-        remaining_records=remaining,
-        finished=bool(datasets) and not unfinished,
-        eta_s=eta,
         recent=_summed_recent([d.recent for d in datasets]),
+        **total_progress(parts, req_rate)._asdict(),
     )
 
 
@@ -866,41 +441,6 @@ def _summed_recent(items: Sequence[RecentStats]) -> RecentStats:
 # --- the collector ---------------------------------------------------------------------------
 
 
-class _ManifestFile:
-    """run.json, read again only when it changed; {} when absent or unreadable."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.stamp: tuple[int, int, int] | None = None
-        self.data: dict[str, Any] = {}
-
-    def read(self) -> dict[str, Any]:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            self.stamp, self.data = None, {}
-            return self.data
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if stamp != self.stamp:
-            self.stamp, self.data = stamp, _load_json(self.path)
-        return self.data
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _manifest_datasets(manifest: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    datasets = manifest.get("datasets")
-    if not isinstance(datasets, dict):
-        return {}
-    return {str(k): v for k, v in datasets.items() if isinstance(v, dict)}
-
-
 class StatsCollector:
     """Per-dataset statistics of a run directory, refreshed incrementally.
 
@@ -922,88 +462,51 @@ class StatsCollector:
         self.window = window
         self.recent_rows = recent_rows
         self.clock = clock
-        self._manifest = _ManifestFile(self.out / MANIFEST_FILE)
+        self._manifest = ManifestWatcher(self.out)
         self._datasets: dict[str, _Dataset] = {}
         self._ranks: tuple[tuple[int, ...], tuple[tuple[int | None, ...], int | None]] | None = None
 
     def refresh(self, now: float | None = None, *, scan: RunScan | None = None) -> RunStats:
         """Read what changed since the last call and return the figures at ``now``; the
-        records of the datasets `scan` (a :func:`workbench.analyze.validate.scan_run` result) holds
+        records of the datasets `scan` (a :func:`workbench.analyze.scan.scan_run` result) holds
         are counted from it instead of reading their raw files."""
-        if not self.out.is_dir():
-            raise _not_a_run_dir(self.out)
+        run_root(self.out)
         now = self.clock() if now is None else now
         manifest = self._manifest.read()
-        entries = _manifest_datasets(manifest)
-        self._datasets = {name: self._dataset(name) for name in self._discover(entries)}
+        self._datasets = {ds.name: self._dataset(ds) for ds in self._discover(manifest)}
         stats = {}
         scanned = scan.files if scan is not None else {}
         for name, dataset in self._datasets.items():
             dataset.update(now - self.window, scanned.get(name))
-            stats[name] = dataset.snapshot(name, now, self.window, entries.get(name, {}))
+            stats[name] = dataset.snapshot(now, self.window)
         raws = [dataset.raw for dataset in self._datasets.values()]
         total = _total(
             list(stats.values()), sum(len(r.completions) for r in raws), self._all_ranks(raws)
         )
         return RunStats(self.out, now, self.window, stats, total, manifest)
 
-    def _dataset(self, name: str) -> _Dataset:
-        return self._datasets.get(name) or _Dataset(self.out / name, self.recent_rows)
+    def _dataset(self, ds: DatasetDir) -> _Dataset:
+        known = self._datasets.get(ds.name)
+        if known is None or known.ds.folder != ds.folder:
+            return _Dataset(ds, self.recent_rows)
+        known.ds = ds  # its run.json entry as it is now
+        return known
 
-    def _all_ranks(self, raws: Sequence[_Raw]) -> tuple[tuple[int | None, ...], int | None]:
+    def _all_ranks(self, raws: Sequence[RawCounts]) -> tuple[tuple[int | None, ...], int | None]:
         """Percentiles over every dataset's completion counts, cached until one changes."""
         key = tuple(x for raw in raws for x in (raw.serial, len(raw.completions)))
         if self._ranks is None or self._ranks[0] != key:
-            self._ranks = (key, _nearest_ranks([raw.completions for raw in raws]))
+            self._ranks = (key, nearest_ranks([raw.completions for raw in raws]))
         return self._ranks[1]
 
-    def _discover(self, entries: Mapping[str, Any]) -> list[str]:
-        names = list(entries)
-        found = []
-        with os.scandir(self.out) as it:
-            for entry in it:
-                if entry.name in entries or entry.name in self._datasets:
-                    continue
-                if entry.is_dir() and _holds_run_files(Path(entry.path)):
-                    found.append(entry.name)
-        known = [n for n in self._datasets if n not in entries and (self.out / n).is_dir()]
-        return names + sorted({*known, *found})
-
-
-def _holds_run_files(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (RAW_FILE, ERRORS_FILE, PROMPTS_FILE))
-
-
-def _not_a_run_dir(root: Path) -> InputError:
-    what = "not a directory" if root.exists() else "no such directory"
-    return InputError(f"{root}: not a run directory ({what})")
-
-
-def _read_manifest_strictly(path: Path) -> None:
-    """DataError naming the file (and line) unless run.json is a readable JSON object."""
-    try:
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
-    except ValueError as exc:  # the message names the line and column
-        raise DataError(path, f"invalid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise DataError(path, "expected a JSON object")
-
-
-def check_run_dir(out: str | os.PathLike[str], *, need_datasets: bool = True) -> None:
-    """InputError unless out is a directory whose run.json (when present) is a JSON object and
-    which holds run.json or a dataset folder (or anything, when `need_datasets` is false)."""
-    root = Path(out)
-    if not root.is_dir():
-        raise _not_a_run_dir(root)
-    manifest = root / MANIFEST_FILE
-    if manifest.exists():
-        _read_manifest_strictly(manifest)
-        return
-    if need_datasets and not any(p.is_dir() and _holds_run_files(p) for p in root.iterdir()):
-        raise InputError(f"{root}: not a run directory (no {MANIFEST_FILE} and no "
-                         f"<dataset>/{RAW_FILE})")
+    def _discover(self, manifest: dict[str, Any]) -> list[DatasetDir]:
+        """The run's datasets (:func:`~workbench.rundir.layout.find_datasets`), then those
+        seen before whose folder is still there (their files moved aside, say)."""
+        found = find_datasets(self.out, dataset_entries(manifest))
+        names = {ds.name for ds in found}
+        gone = [known.ds for name, known in self._datasets.items()
+                if name not in names and known.ds.folder.is_dir()]
+        return found + sorted(gone, key=lambda ds: ds.name)
 
 
 def collect_stats(
@@ -1014,121 +517,8 @@ def collect_stats(
     scan: RunScan | None = None,
 ) -> RunStats:
     """A full scan of a run directory (one refresh of a new collector); with `scan` (a
-    :func:`workbench.analyze.validate.scan_run` result of the same run) the raw files are not read
+    :func:`workbench.analyze.scan.scan_run` result of the same run) the raw files are not read
     again: a report's tables and its stats then count the very same records."""
     return StatsCollector(out, window=window).refresh(now, scan=scan)
 
 
-# --- text ------------------------------------------------------------------------------------
-
-
-def format_count(value: float | None) -> str:
-    """``12,345``; ``-`` for unknown."""
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def format_duration(seconds: float | None) -> str:
-    """``45s``, ``12.5m``, ``3.2h``, ``2.1d``; ``-`` for unknown."""
-    if seconds is None:
-        return "-"
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
-
-
-def _rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.2f}"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Plain aligned columns: the first ``left`` columns to the left, the others right."""
-    widths = [max(len(str(r[i])) for r in (headers, *rows)) for i in range(len(headers))]
-
-    def line(cells: Sequence[str]) -> str:
-        pairs = enumerate(zip(cells, widths, strict=True))
-        parts = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in pairs]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in rows)])
-
-
-_COUNT_HEADERS = (
-    "dataset", "layout", "records", "errors", "failed", "prompt tok", "completion tok",
-    "cached tok", "missing", "prepared tok",
-)  # fmt: skip
-_PROGRESS_HEADERS = (
-    "dataset", "avg", "p50", "p90", "p99", "max", "length", "tok/s", "req/s", "done/target",
-    "ETA",
-)  # fmt: skip
-
-
-def _count_row(d: DatasetStats) -> list[str]:
-    counts = (
-        d.records, d.errors, d.failed_missing, d.prompt_tokens, d.completion_tokens,
-        d.cached_tokens, d.missing_completion_tokens, d.prepared_prompt_tokens,
-    )  # fmt: skip
-    return [d.name, d.layout, *(format_count(c) for c in counts)]
-
-
-def _progress_row(d: DatasetStats) -> list[str]:
-    spread = (d.avg_completion_tokens, *d.percentiles, d.max_completion_tokens)
-    length = "-" if d.truncation_rate is None else f"{d.truncation_rate:.1%}"
-    target = f"{d.records:,}/{format_count(d.target_records)}"
-    eta = "done" if d.finished else format_duration(d.eta_s)
-    rates = (_rate(d.tokens_per_s), _rate(d.requests_per_s))
-    return [d.name, *(format_count(v) for v in spread), length, *rates, target, eta]
-
-
-def _notes(d: DatasetStats) -> list[str]:
-    notes = []
-    if d.finish_reasons:
-        reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(d.finish_reasons.items()))
-        notes.append(f"finish reasons: {reasons}")
-    if d.missing_completion_tokens or d.missing_prompt_tokens:
-        notes.append(
-            f"counts missing: completion_tokens in {d.missing_completion_tokens:,}, "
-            f"prompt_tokens in {d.missing_prompt_tokens:,} of {d.records:,} records"
-        )
-    if d.bad_lines:
-        notes.append(f"{d.bad_lines:,} unreadable lines")
-    if d.torn_tail:
-        notes.append("last line incomplete (torn or being written)")
-    return notes
-
-
-def format_stats_table(stats: RunStats) -> str:
-    """The readable form of ``workbench stats``: counts, then spread and progress, then notes.
-
-    Token columns count completion tokens unless named otherwise; ``missing`` is records
-    without a completion count, ``length`` the truncation rate.
-    """
-    every = [*stats.datasets.values(), stats.total]
-    lines = [
-        format_table(_COUNT_HEADERS, [_count_row(d) for d in every], left=2),
-        "",
-        format_table(_PROGRESS_HEADERS, [_progress_row(d) for d in every]),
-        "",
-    ]
-    for d in stats.datasets.values():
-        lines += [f"{d.name}: {note}" for note in _notes(d)]
-    lines.append(f"rates over the last {format_duration(stats.window)} of record timestamps")
-    return "\n".join(lines)
-
-
-def render_stats(
-    out: str | os.PathLike[str], *, as_json: bool = False, now: float | None = None
-) -> str:
-    """What ``workbench stats OUT [--json]`` prints; InputError for a directory that is no run."""
-    check_run_dir(out)
-    stats = collect_stats(out, now=now)
-    if as_json:
-        return json.dumps(stats.to_dict(), indent=2)
-    return format_stats_table(stats)

@@ -15,7 +15,7 @@ biased when the file is sorted or grouped. Per dataset of a run directory:
                the sent counts against the whole file's shares (p-value)
 
 A prompt is sent when a record has its id: the top-level ``sample_id`` of raw_responses.jsonl,
-or, given the run's scan (:func:`workbench.analyze.validate.scan_run`, not read again), each record's
+or, given the run's scan (:func:`workbench.analyze.scan.scan_run`, not read again), each record's
 id as validation reads it (``sample_id``, else ``custom_id``, else ``id``): the same for the
 records the workbench writes. Every prompt is counted in "whole", so a run that sent everything
 compares equal. A dataset
@@ -37,16 +37,11 @@ import numpy as np
 import pandas as pd
 
 from workbench.rundir import prompt_scan
-from workbench.rundir.records import (
-    MANIFEST_FILE,
-    PROMPTS_FILE,
-    RAW_FILE,
-    SampleId,
-    read_sample_ids,
-)
+from workbench.rundir.records import SampleId, read_sample_ids
+from workbench.rundir.run import load_run
 
 if TYPE_CHECKING:
-    from workbench.analyze.validate import RunScan
+    from workbench.analyze.scan import RunScan
     from workbench.rundir.columns import FileScan
 
 __all__ = ["SOURCE_FIELDS", "SubsetComparison", "compare_subsets"]
@@ -73,15 +68,15 @@ def compare_subsets(
     run_dir: str | os.PathLike[str], *, scan: RunScan | None = None
 ) -> SubsetComparison:
     """The subset comparison of every dataset of `run_dir` that has prompts.jsonl; with
-    `scan` (the run's scan_run result), the records' ids come from it."""
-    root = Path(run_dir)
-    datasets = _run_datasets(root)
+    `scan` (the run's scan_run result), its datasets and records' ids come from it."""
+    run = scan.run if scan is not None else load_run(run_dir)
     lengths, samples, shares, tests = [], [], [], []
-    for name, entry in datasets.items():
-        prompt_lengths = _prompt_lengths(root / name / PROMPTS_FILE)
+    for ds in run.datasets:
+        name, entry = ds.name, ds.settings
+        prompt_lengths = _prompt_lengths(ds.prompts_path)
         if not prompt_lengths:
             continue
-        sent_ids = _sent_ids(root / name / RAW_FILE, scan.files.get(name) if scan else None)
+        sent_ids = _sent_ids(ds.raw_path, scan.files.get(name) if scan else None)
         sent = {k: v for k, v in prompt_lengths.items() if k in sent_ids}
         lengths.append(_length_row(name, list(prompt_lengths.values()), list(sent.values())))
         samples += _curve(name, "whole", list(prompt_lengths.values()))
@@ -97,17 +92,6 @@ def compare_subsets(
         pd.DataFrame(shares, columns=["dataset", "field", "value", "whole_share", "sent_share"]),
         pd.DataFrame(tests, columns=["dataset", "field", "levels", "tvd", "chi2", "chi2_p",
                                      "biased"]))
-
-
-def _run_datasets(root: Path) -> dict[str, Mapping[str, Any]]:
-    try:
-        manifest = json.loads((root / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    listed = manifest.get("datasets") if isinstance(manifest, dict) else None
-    if isinstance(listed, dict) and listed:
-        return {name: entry if isinstance(entry, dict) else {} for name, entry in listed.items()}
-    return {p.parent.name: {} for p in sorted(root.glob(f"*/{PROMPTS_FILE}"))}
 
 
 def _sent_ids(raw: Path, scanned: FileScan | None) -> set[SampleId]:

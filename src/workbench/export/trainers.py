@@ -28,7 +28,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 import msgspec
 import numpy as np
 
-from workbench.rundir.records import write_atomic
+from workbench.rundir.files import write_atomic
 
 __all__ = [
     "TRAINERS",

@@ -28,9 +28,12 @@ throughput  `/metrics` is off (404) or unreadable: hill-climb on the output toke
             `GAIN` better than the best so far, else go back to the best cap and hold; probe
             again after `HOLD` windows.
 
+:class:`Slots` holds a run's slots: the global cap (a fixed Limiter, or one steered by
+`Steering`) and the lower cap of requests with long prompts.
+
 In both modes a failed request that the server caused (timeout, 5xx, 429, abort) shrinks the
 cap by `BACKOFF` and holds growth (a lost connection pauses the whole run instead, see
-`workbench.generate.runner`). Every change of the cap is kept in
+`workbench.generate.dispatch`). Every change of the cap is kept in
 `history` as (seconds since start, cap) for run.json and the progress line.
 """
 
@@ -54,6 +57,7 @@ __all__ = [
     "AutoConcurrency",
     "Limiter",
     "ServerReading",
+    "Slots",
     "Steering",
     "read_servers",
 ]
@@ -298,3 +302,68 @@ def describe_mode(auto: AutoConcurrency) -> str:
         return "concurrency auto: steering on the servers' /metrics (queue and running requests)"
     return ("concurrency auto: /metrics is off, steering on the output tokens per second of "
             "finished requests")
+
+
+Reader = Callable[[], Awaitable[list[ServerReading] | None]]
+
+
+class Slots:
+    """The request slots of one run: every request holds a global one (the cap: `setting` N,
+    or "auto" steered from `read`), and a request with a long prompt a long one too (at
+    most `long_cap`, and never more than a fixed cap)."""
+
+    def __init__(self, setting: int | str, long_cap: int, read: Reader, *,
+                 interval: float = 2.0, on_mode: Callable[[str], None] = lambda message: None) -> None:
+        self.setting = setting
+        self.steering: Steering | None = None
+        if isinstance(setting, int):
+            self.limiter = Limiter(setting)
+            long_cap = min(long_cap, setting)
+        else:
+            auto = AutoConcurrency()
+            self.limiter = Limiter(auto.limit)
+            self.steering = Steering(self.limiter, auto, read, interval=interval, on_mode=on_mode)
+        self._long = asyncio.Semaphore(max(1, long_cap))
+
+    @property
+    def limit(self) -> int:
+        """The cap on requests in flight right now."""
+        return self.limiter.limit
+
+    def start(self) -> asyncio.Task[None] | None:
+        """The steering task (auto), started; None for a fixed cap."""
+        return None if self.steering is None else asyncio.create_task(self.steering.run())
+
+    async def acquire(self, long: bool) -> None:
+        if long:
+            await self._long.acquire()
+        await self.limiter.acquire()
+
+    def release(self, long: bool) -> None:
+        self.limiter.release()
+        if long:
+            self._long.release()
+
+    def finished(self, tokens: int) -> None:
+        """A request finished with `tokens` completion tokens (auto steers on them without
+        metrics)."""
+        if self.steering is not None:
+            self.steering.finished(tokens)
+
+    def failed(self) -> None:
+        """A request failed because of the server: auto backs off."""
+        if self.steering is not None:
+            self.steering.failed()
+
+    def text(self) -> str:
+        """`concurrency 96 (auto, metrics)` or `concurrency 150 (fixed)`."""
+        if self.steering is None:
+            return f"concurrency {self.limit} (fixed)"
+        return f"concurrency {self.limit} (auto, {self.steering.auto.mode})"
+
+    def record(self) -> dict[str, object]:
+        """run.json's `concurrency`: the setting, mode, cap now and the cap's history."""
+        auto = self.steering.auto if self.steering is not None else None
+        return {"setting": self.setting, "mode": auto.mode if auto else "fixed",
+                "current": self.limit,
+                "history": [list(point) for point in auto.history[-500:]] if auto else []}

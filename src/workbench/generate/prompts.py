@@ -14,12 +14,8 @@ A bad row raises a DataError naming the file and the line (JSONL) or the row (Pa
 
 from __future__ import annotations
 
-import functools
 import itertools
-import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
@@ -27,12 +23,12 @@ import msgspec
 from workbench.config import DatasetSpec
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile
+from workbench.tokenizer import encode_messages, load_tokenizer
 
-__all__ = ["Prompt", "check_tokenizer_dir", "encode_messages", "estimate_text_tokens", "load_prompts", "load_tokenizer"]
+__all__ = ["Prompt", "estimate_text_tokens", "load_prompts"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 MAX_LINE_BYTES = 32 << 20  # far above any prompt; a longer line is not read into memory
-INSTALL_HINT = "pip install 'workbench[tokenizers]'"
 
 
 class Prompt(msgspec.Struct):
@@ -240,71 +236,3 @@ def _parquet_rows(path: str, columns: list[str]) -> Iterator[_Row]:
         for data in batch.to_pylist():
             number += 1
             yield _Row(path, number, "row", data)
-
-
-# ------------------------------------------------------------------------------ tokenizer
-
-
-def encode_messages(
-    tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]
-) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, generation prompt added.
-
-    transformers 5 returns a BatchEncoding (a mapping with `input_ids`), 4.x a list of ids.
-    """
-    result = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, **kwargs
-    )
-    ids = result["input_ids"] if isinstance(result, Mapping) else result
-    return list(ids)
-
-
-def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
-    """A Hugging Face tokenizer from a local directory, loaded once per directory.
-
-    `trust_remote_code` runs the directory's own tokenizer code (Kimi-K2.5's tiktoken tokenizer
-    needs it). ConfigError when transformers is missing or the directory holds no tokenizer.
-    """
-    return _load_tokenizer(str(Path(path).expanduser().resolve()), trust_remote_code)
-
-
-def check_tokenizer_dir(path: str | Path) -> None:
-    """ConfigError unless path is a directory (before anything loads from it)."""
-    if not Path(path).is_dir():
-        raise ConfigError("tokenizer", f"directory not found: {path}")
-
-
-@functools.cache
-def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
-    check_tokenizer_dir(path)
-    auto_tokenizer = _auto_tokenizer()
-    try:
-        return auto_tokenizer.from_pretrained(
-            path, trust_remote_code=trust_remote_code, local_files_only=True
-        )
-    except Exception as exc:  # the Rust backend and a model's own tokenizer code raise anything
-        raise ConfigError("tokenizer", f"cannot load a tokenizer from {path}: {exc}") from None
-
-
-def _auto_tokenizer() -> Any:
-    """transformers.AutoTokenizer, imported without its "PyTorch was not found" banner."""
-    try:
-        with _environ(TRANSFORMERS_NO_ADVISORY_WARNINGS="1"):
-            from transformers import AutoTokenizer
-    except ImportError:
-        raise ConfigError(
-            "tokenizer", f"input 'messages' needs transformers: {INSTALL_HINT}"
-        ) from None
-    return AutoTokenizer
-
-
-@contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """Set environment variables for the duration of the block (kept when already set)."""
-    added = [name for name in values if name not in os.environ]
-    os.environ.update({name: values[name] for name in added})
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)

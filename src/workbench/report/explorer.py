@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analyze import explore
-from workbench.analyze.validate import scan_run
+from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError
 from workbench.report import plots
 
@@ -144,9 +144,9 @@ class Explorer:
         """The filter controls and a selection summary (static: the summary only)."""
         if not self.interactive:
             return self.summary()
-        from workbench.report import widgets as explorer_widgets
+        from workbench.report import widgets
 
-        return explorer_widgets.controls(self)
+        return widgets.controls(self)
 
     def scatter(self, x: str = "prompt_tokens", y: str = "completion_tokens", *,
                 title: str | None = None) -> Any:
@@ -180,9 +180,9 @@ class Explorer:
     def _figure(self, build: Callable[[], go.Figure]) -> Any:
         if not self.interactive:
             return build()
-        from workbench.report import widgets as explorer_widgets
+        from workbench.report import widgets
 
-        return explorer_widgets.figure(self, build)
+        return widgets.figure(self, build)
 
     def detail(self, dataset: str, line: int) -> explore.RecordDetail:
         """One record of the run in full."""
@@ -201,7 +201,7 @@ class Explorer:
             return plots.samples_view(explore.samples(
                 self.scan, self.selected, n=self.samples_shown, seed=self.seed,
                 tokenizer=self.tokenizer, chars=self.text_chars))
-        from workbench.report import widgets as explorer_widgets
+        from workbench.report import widgets
 
-        self._viewer = explorer_widgets.viewer(_HINT)
+        self._viewer = widgets.viewer(_HINT)
         return self._viewer

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.report.parameters import notebook_path
+from workbench.rundir.run import RunInfo, load_run
 from workbench.server.launch import ServerProcess, find_free_port
 
 __all__ = ["NOTEBOOK", "Lab", "explorer_notebook", "start_lab"]
@@ -27,17 +29,12 @@ NOTEBOOK = "explore.ipynb"
 LOG = "explore-lab.log"
 
 
-def _run_tokenizer(run_dir: Path) -> str | None:
+def _run_tokenizer(run: RunInfo) -> str | None:
     """The first dataset tokenizer of run.json that exists on this machine."""
-    try:
-        manifest = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    datasets = manifest.get("datasets") if isinstance(manifest, dict) else None
-    for settings in (datasets or {}).values():
-        path = settings.get("tokenizer") if isinstance(settings, dict) else None
-        if isinstance(path, str) and (run_dir / path).is_dir():
-            return str((run_dir / path).resolve())
+    for ds in run.datasets:
+        path = ds.settings.get("tokenizer")
+        if isinstance(path, str) and (run.out / path).is_dir():
+            return str((run.out / path).resolve())
     return None
 
 
@@ -61,16 +58,12 @@ def explorer_notebook(run_dir: str | Path, source: str | Path | None = None) -> 
     missing; returns (path, created). InputError when run_dir is not a run."""
     import nbformat
 
-    from workbench.analyze.stats import check_run_dir
-    from workbench.report.render import notebook_path
-
-    folder = Path(run_dir)
-    check_run_dir(folder)
-    target = folder / NOTEBOOK
+    run = load_run(run_dir)
+    target = run.out / NOTEBOOK
     if target.exists():
         return target, False
     nb = nbformat.read(Path(source) if source else notebook_path("explore"), as_version=4)
-    values = {"run_dir": ".", "tokenizer": _run_tokenizer(folder)}
+    values = {"run_dir": ".", "tokenizer": _run_tokenizer(run)}
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             cell.source = set_parameters(cell.source, values)

@@ -33,14 +33,13 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
-from workbench.analyze.stats import RunStats, format_count, format_duration
-from workbench.report.render import REPORT_ENV
+from workbench.analyze.stats import RunStats
+from workbench.report.jupyter import DATA_MIME, REPORT_ENV, fast_jupyter_imports
+from workbench.text import format_count, format_duration
 
 __all__ = [
-    "DATA_MIME",
     "PALETTE",
     "REASON_COLORS",
-    "REPORT_ENV",
     "SEVERITY_COLORS",
     "OfflineRenderer",
     "Rendered",
@@ -67,7 +66,6 @@ __all__ = [
     "validation_banner",
 ]
 
-DATA_MIME = "application/vnd.workbench.data+json"
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B",
            "#9D755D", "#FF9DA6", "#79706E")
 REASON_COLORS = {"stop": "#4C9F70", "length": "#E3A33B", "abort": "#C62828", "missing": "#A0A0A0"}
@@ -120,8 +118,6 @@ def setup_notebook(offline: bool | None = None) -> None:
     plotly mimetype, which Lab draws with its own plotly.js: a saved notebook then holds the
     figures' data, not a copy of the library (megabytes per save).
     """
-    from workbench.report.render import fast_jupyter_imports
-
     fast_jupyter_imports()  # plotly's renderers import nbformat
     # merged once: a "plotly_white+workbench" default is merged again for every figure
     pio.templates[TEMPLATE] = pio.templates.merge_templates("plotly_white", _template())

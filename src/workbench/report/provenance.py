@@ -16,7 +16,7 @@ whether it is unchanged, grew (its first recorded bytes unchanged), changed, mis
 
 Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 (``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
-are kept in the dataset's scan cache (:func:`workbench.rundir.columns.save_appended`): a report of
+are kept in the dataset's cache (:func:`workbench.rundir.cache.save_appended`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
 Like the scan, it trusts the cached blocks while the file keeps its identity and the bytes
 just before the cached offset. Every other file gets its plain ``sha256``.
@@ -29,7 +29,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -37,9 +37,10 @@ from typing import Any
 
 import yaml
 
-from workbench.errors import ConfigError
-from workbench.rundir.columns import load_appended, save_appended
-from workbench.rundir.records import ERRORS_FILE, MANIFEST_FILE, PROMPTS_FILE, RAW_FILE
+from workbench.errors import ConfigError, DataError
+from workbench.rundir.cache import load_appended, save_appended
+from workbench.rundir.layout import DATASET_FILES
+from workbench.rundir.run import load_run
 
 __all__ = [
     "CONTENT_BLOCK",
@@ -60,7 +61,6 @@ PARAMS = "params.yaml"
 MANIFEST = "report.json"
 PACKAGES = ("workbench", "numpy", "pandas", "pyarrow", "msgspec", "plotly", "papermill", "nbconvert",
             "nbformat", "ipykernel", "jupyterlab", "ipywidgets", "anywidget", "transformers", "tokenizers")
-_RUN_FILES = (RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
 _CHUNK = 1 << 20
 CONTENT_BLOCK = 4 << 20  # Dropbox's content hash block
 _BLOCKS_KIND = "digest"
@@ -108,21 +108,17 @@ def content_hash(path: Path, length: int | None = None, *, cache: bool = False) 
     return read, hashlib.sha256(b"".join(blocks)).hexdigest()
 
 
-def _run_files(root: Path) -> Iterator[Path]:
-    yield root / MANIFEST_FILE
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        for name in _RUN_FILES:
-            if (folder / name).is_file():
-                yield folder / name
-
-
-def _files_of(path: Path) -> Iterator[Path]:
+def _files_of(path: Path) -> list[Path]:
+    """path itself, a run's files, or every file of another folder."""
     if path.is_file():
-        yield path
-    elif (path / MANIFEST_FILE).is_file() or any((p / RAW_FILE).is_file() for p in path.iterdir()):
-        yield from (p for p in _run_files(path) if p.is_file())
-    else:
-        yield from sorted(p for p in path.rglob("*") if p.is_file())
+        return [path]
+    try:
+        run = load_run(path, need_datasets=False)
+    except DataError:
+        run = None
+    if run is not None and (run.manifest or run.datasets):
+        return run.files()
+    return sorted(p for p in path.rglob("*") if p.is_file())
 
 
 def input_files(parameters: Mapping[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Path]]:
@@ -158,7 +154,7 @@ def write_parameters(folder: Path, parameters: Mapping[str, Any], name: str) -> 
 def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
     rows = []
     for key, path in files:
-        if path.name in _RUN_FILES:
+        if path.name in DATASET_FILES:
             size, found = content_hash(path, cache=True)
             rows.append({"parameter": key, "path": str(path), "bytes": size, "content_hash": found})
         else:

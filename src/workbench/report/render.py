@@ -5,13 +5,11 @@ writes ``OUT_DIR/NAME-<YYYYmmdd-HHMMSS>/NAME.ipynb`` (the executed notebook) and
 ``NAME.html`` (code hidden, plotly.js inlined once, so it opens without a network);
 ``OUT_DIR/NAME-latest`` links to the newest finished one.
 
-Parameters. A notebook declares its parameters in the cell tagged ``parameters``, one plain
-literal each (``name = literal`` or ``name: type = literal``). A parameter file is a YAML
-mapping of some of them; ``-p key=value`` overrides are YAML scalars. Unknown keys and
-values of the wrong type raise ConfigError naming the key and the file (or ``-p``). The
-values of ``run_dir`` and ``tokenizer`` are paths: relative ones are resolved against the
-parameter file's folder (the current directory for overrides). The kernel runs in the
-notebook's folder, so the notebook's own defaults mean what they mean in JupyterLab.
+Parameters are :mod:`workbench.report.parameters`'s: checked, path ones made absolute,
+before any kernel starts; the run folders and the tokenizer they name must exist. The
+kernel runs in the notebook's folder, so the notebook's own defaults mean what they mean in
+JupyterLab. What the report was made from is recorded beside it
+(:mod:`workbench.report.provenance`; ``--rerun`` makes it again).
 
 Execution. The kernel is ipykernel on this very interpreter (whatever kernelspecs are
 installed). A cell that raises or times out (or a kernel that dies) stops the run with
@@ -27,7 +25,6 @@ cell of format_validation ``workbench validate --json``.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy
 import functools
@@ -35,48 +32,39 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import yaml
-
-from workbench.config import load_yaml_params
-from workbench.errors import ConfigError, ReportError
-from workbench.resources import data_dir, data_root, report_names
+from workbench.errors import ReportError
+from workbench.report import provenance
+from workbench.report.jupyter import DATA_MIME, fast_jupyter_imports, report_kernel_env
+from workbench.report.parameters import (
+    DEMO_REPORTS,
+    PATH_PARAMETERS,
+    find_notebook,
+    load_parameters,
+    notebook_parameters,
+    notebooks_dir,
+    resolve_paths,
+)
+from workbench.resources import data_dir
+from workbench.rundir.run import check_run_dir
+from workbench.tokenizer import check_tokenizer_dir
 
 __all__ = [
-    "DATA_MIME",
-    "DEMO_REPORTS",
-    "PATH_PARAMETERS",
-    "REPORTS",
-    "REPORT_ENV",
+    "DEFAULT_OUT",
     "ReportResult",
     "cell_data",
-    "default_params",
     "demo_reports",
     "export_html",
-    "fast_jupyter_imports",
     "link_latest",
-    "load_parameters",
-    "notebook_parameters",
-    "notebook_path",
-    "notebooks_dir",
-    "parse_overrides",
     "rerun_report",
     "run_report",
 ]
 
-DATA_MIME = "application/vnd.workbench.data+json"
-REPORT_ENV = "WORKBENCH_REPORT"  # "1" in the kernels executing reports: figures inline plotly.js
-REPORTS = ("token_distribution", "format_validation", "explore")
-DEMO_REPORTS = ("token_distribution", "format_validation")
-PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params", "compare_run_dir")
 DEFAULT_OUT = Path("outputs/reports")
-_TYPE_NAMES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
-                               "list": list, "dict": dict, "Any": Any}
 
 _TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
@@ -106,216 +94,6 @@ class ReportResult:
     notebook_path: Path
     parameters: Mapping[str, Any]
     seconds: Mapping[str, float] = field(default_factory=dict)  # "notebook", "html", "total"
-
-
-def fast_jupyter_imports() -> None:
-    """Load jsonschema without the rfc3987_syntax package, once per process.
-
-    nbformat (under papermill, nbconvert and plotly's renderers) imports jsonschema, which
-    builds rfc3987_syntax's IRI grammar at import when that package is installed: seconds of
-    every report's start, in the driver and again in the kernel, for "iri" format checks
-    that nothing here asks for (notebook validation checks no formats). Hidden while
-    jsonschema loads; importing rfc3987_syntax afterwards works as usual.
-    """
-    if "jsonschema" in sys.modules or sys.modules.get("rfc3987_syntax") is not None:
-        return
-    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # an ImportError on import
-    try:
-        with contextlib.suppress(ImportError):
-            import jsonschema  # noqa: F401
-    finally:
-        if sys.modules.get("rfc3987_syntax", 0) is None:
-            del sys.modules["rfc3987_syntax"]
-
-
-# --- notebooks and their parameters ----------------------------------------------------------
-
-
-def notebooks_dir() -> Path:
-    """The report notebooks the package carries (see :mod:`workbench.resources`)."""
-    return data_dir("notebooks")
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.endswith(".ipynb") or "/" in name or os.sep in name
-
-
-def notebook_path(name: str) -> Path:
-    """The package's notebook NAME (ConfigError naming the known ones when there is none)."""
-    return _notebook_path(name, None)
-
-
-def _notebook_path(name: str, folder: Path | None) -> Path:
-    """NAME's notebook: in `folder` when given, else ./notebooks/NAME.ipynb (a job folder made
-    by `workbench init`) when it exists, else the packaged one. A path to a notebook file is
-    taken as it is."""
-    if _looks_like_path(name):
-        path = Path(name).expanduser()
-        if path.is_file() and path.suffix == ".ipynb":
-            return path
-        raise ConfigError("NAME", f"{name}: no such notebook file "
-                                  f"(or give a report name: {', '.join(report_names())})")
-    candidates = [folder] if folder is not None else [Path("notebooks"), notebooks_dir()]
-    for candidate in candidates:
-        if (candidate / f"{name}.ipynb").is_file():
-            return candidate / f"{name}.ipynb"
-    known = sorted({p.stem for c in candidates for p in c.glob("*.ipynb")}) or ["none"]
-    raise ConfigError("NAME", f"no report named {name!r} (known: {', '.join(known)})")
-
-
-def default_params(name: str) -> Path | None:
-    """The parameter file `workbench report NAME` uses without --params: ./params/NAME.yaml
-    (a job folder's) when it exists, else the packaged params/NAME.demo.yaml, else None."""
-    local = Path("params") / f"{name}.yaml"
-    if local.is_file():
-        return local
-    packaged = data_dir("params") / f"{name}.demo.yaml"
-    return packaged if packaged.is_file() else None
-
-
-def _parameters_source(notebook: Path) -> str:
-    fast_jupyter_imports()
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    for cell in nb.cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            return str(cell.source)
-    raise ConfigError("", "no cell tagged 'parameters'", str(notebook))
-
-
-def _annotation(node: ast.expr, where: str) -> Any:
-    """The type an annotation names: plain types, None, ``Optional[T]`` and ``T | U``."""
-    if isinstance(node, ast.Name) and node.id in _TYPE_NAMES:
-        return _TYPE_NAMES[node.id]
-    if isinstance(node, ast.Constant) and node.value is None:
-        return None
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Optional":
-        return _annotation(node.slice, where) | None
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _annotation(node.left, where) | _annotation(node.right, where)
-    raise ConfigError("", f"parameter type {ast.unparse(node)!r} is not a plain type", where)
-
-
-def _literal_type(value: object) -> Any:
-    return Any if value is None else type(value)
-
-
-def _assignment(node: ast.stmt, where: str) -> tuple[str, ast.expr, ast.expr | None]:
-    """(name, value, annotation) of one statement of a parameters cell."""
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
-        return node.target.id, node.value, node.annotation
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        return node.targets[0].id, node.value, None
-    raise ConfigError("", f"parameters cell line {node.lineno}: expected name = literal", where)
-
-
-def notebook_parameters(notebook: str | os.PathLike[str]) -> dict[str, tuple[Any, Any]]:
-    """name -> (type, default) of the notebook's ``parameters`` cell.
-
-    The type is the annotation when given (``x: Optional[int] = None``; papermill reads
-    that spelling, not ``int | None``), else the default's type (Any for None). Imports
-    (``from typing import Optional``) are skipped; any other statement that is not a
-    literal assignment is a ConfigError.
-    """
-    where = str(notebook)
-    found: dict[str, tuple[Any, Any]] = {}
-    for node in ast.parse(_parameters_source(Path(notebook))).body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        name, value, annotation = _assignment(node, where)
-        try:
-            default = ast.literal_eval(value)
-        except ValueError:
-            raise ConfigError(name, "default is not a plain literal", where) from None
-        kind = _literal_type(default) if annotation is None else _annotation(annotation, where)
-        found[name] = (kind, default)
-    return found
-
-
-@functools.lru_cache(maxsize=16)
-def _struct(items: tuple[tuple[str, Any], ...]) -> type[msgspec.Struct]:
-    """A struct of optional fields (UNSET when not given) for the given (name, type)."""
-    fields = [(name, kind | msgspec.UnsetType, msgspec.UNSET) for name, kind in items]  # type: ignore[operator]
-    return msgspec.defstruct("ReportParameters", fields, forbid_unknown_fields=True, kw_only=True)
-
-
-def _struct_for(parameters: Mapping[str, tuple[Any, Any]]) -> type[msgspec.Struct]:
-    return _struct(tuple((name, kind) for name, (kind, _) in parameters.items()))
-
-
-def _given(value: msgspec.Struct) -> dict[str, Any]:
-    return {k: v for k, v in msgspec.structs.asdict(value).items() if v is not msgspec.UNSET}
-
-
-def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` as a dict, each value read as a YAML scalar (``true``, ``3``,
-    ``null``, ``a/b``), Python's ``None`` also read as null (as the notebooks write it);
-    ConfigError for an item without ``=`` or with a non-scalar value."""
-    found: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("-p", f"expected key=value, got {item!r}")
-        try:
-            value = None if text.strip() == "None" else yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        if isinstance(value, dict | list):
-            raise ConfigError(key.strip(), f"expected a scalar value, got {text!r}", "-p")
-        found[key.strip()] = value
-    return found
-
-
-def _check_overrides(overrides: Mapping[str, Any], struct: type[msgspec.Struct]) -> dict[str, Any]:
-    known = struct.__struct_fields__
-    checked: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if key not in known:
-            raise ConfigError(key, f"unknown parameter (known: {', '.join(known)})", "-p")
-        try:
-            checked.update(_given(msgspec.convert({key: value}, struct, str_keys=True)))
-        except msgspec.ValidationError as exc:
-            message = str(exc).split(" - at ")[0]
-            raise ConfigError(key, f"{message[0].lower()}{message[1:]}", "-p") from None
-    return checked
-
-
-def _resolved(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """The path parameters made absolute against base; a relative path of a packaged file
-    (base inside the packaged folder) that points into its ``outputs/`` (which the package
-    does not carry: the demo parameter files and notebooks point there) is taken under the
-    current folder instead, where `workbench demo` writes."""
-    out = dict(values)
-    root = data_root().resolve()
-    packaged = base.resolve().is_relative_to(root)
-    for key in PATH_PARAMETERS:
-        if isinstance(out.get(key), str) and out[key]:
-            given = Path(out[key]).expanduser()
-            path = (base / given).resolve()
-            if packaged and not given.is_absolute() and path.is_relative_to(root / "outputs"):
-                path = Path.cwd().resolve() / path.relative_to(root)
-            out[key] = str(path)
-    return out
-
-
-def load_parameters(
-    notebook: str | os.PathLike[str],
-    params_file: str | os.PathLike[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The parameters to inject: the file's, then the overrides', checked against the
-    notebook's parameters cell, path parameters made absolute."""
-    struct = _struct_for(notebook_parameters(notebook))
-    values: dict[str, Any] = {}
-    if params_file is not None:
-        loaded = load_yaml_params(Path(params_file), struct, source=str(params_file))
-        values = _resolved(_given(loaded), Path(params_file).resolve().parent)
-    values.update(_resolved(_check_overrides(overrides or {}, struct), Path.cwd()))
-    return values
-
-
-# --- running ---------------------------------------------------------------------------------
 
 
 def _kernel_manager_class() -> type:
@@ -412,20 +190,6 @@ def _running_cell(executed: Path) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def _report_kernel_env() -> Iterator[None]:
-    """REPORT_ENV set for the kernels started meanwhile (they inherit the environment)."""
-    previous = os.environ.get(REPORT_ENV)
-    os.environ[REPORT_ENV] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(REPORT_ENV, None)
-        else:
-            os.environ[REPORT_ENV] = previous
-
-
 @functools.cache
 def _engine() -> str:
     """A papermill engine (registered once) that writes the executed notebook when the run
@@ -458,7 +222,7 @@ def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str,
     from papermill.exceptions import PapermillExecutionError
 
     try:
-        with _report_kernel_env():
+        with report_kernel_env():
             return papermill.execute_notebook(
                 str(notebook), str(executed), parameters=dict(parameters), kernel_name="python3",
                 engine_name=_engine(), progress_bar=False, cwd=str(notebook.parent),
@@ -508,9 +272,7 @@ def run_report(
     or bad parameters and InputError for a `run_dir` that is not a run (both before any
     kernel starts or anything is written), ReportError when a cell fails.
     """
-    from workbench.report import provenance
-
-    notebook = _notebook_path(name, Path(notebooks) if notebooks is not None else None)
+    notebook = find_notebook(name, Path(notebooks) if notebooks is not None else None)
     parameters = load_parameters(notebook, params_file, overrides)
     _check_inputs(parameters)
     started, wall = time.perf_counter(), time.time()
@@ -534,9 +296,6 @@ def run_report(
 def _check_inputs(parameters: Mapping[str, Any]) -> None:
     """The given run folders and tokenizer exist (before a kernel starts): InputError or
     ConfigError naming the parameter."""
-    from workbench.analyze.stats import check_run_dir
-    from workbench.generate.prompts import check_tokenizer_dir
-
     for key in ("run_dir", "compare_run_dir"):
         if parameters.get(key) is not None:
             check_run_dir(parameters[key])
@@ -550,7 +309,7 @@ def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[
     ``interactive`` off (a report is static); ``now`` pinned to the start when unset, so
     that running the same parameters again reproduces the report's numbers."""
     declared = notebook_parameters(notebook)
-    defaults = _resolved({key: default for key, (_, default) in declared.items()}, notebook.resolve().parent)
+    defaults = resolve_paths({key: default for key, (_, default) in declared.items()}, notebook.resolve().parent)
     values = {**defaults, **given}
     if "interactive" in declared and "interactive" not in given:
         values["interactive"] = False
@@ -565,13 +324,11 @@ def rerun_report(
     """Run a report folder's executed notebook again with its params.yaml, into a new folder
     beside it (or in `out_dir`); also returns its inputs compared with the recorded ones
     (:class:`workbench.report.provenance.InputChange`, compared before running)."""
-    from workbench.report import provenance
-
     folder = Path(report_dir)
     manifest = provenance.read_manifest(folder)
     name = str(manifest["report"])
     params = folder / provenance.PARAMS
-    notebook = _notebook_path(name, folder)
+    notebook = find_notebook(name, folder)
     now = provenance.input_files(load_parameters(notebook, params), PATH_PARAMETERS)
     changes = provenance.compare_inputs(manifest, now)
     result = run_report(name, params, None, out_dir if out_dir is not None else folder.parent,
@@ -588,9 +345,6 @@ def demo_reports(
     run = {"run_dir": str(Path(run_dir).resolve())}
     return [run_report(name, params / f"{name}.demo.yaml", run, out_dir, notebooks=notebooks_dir())
             for name in DEMO_REPORTS]
-
-
-# --- reading results back --------------------------------------------------------------------
 
 
 def cell_data(notebook: str | os.PathLike[str], tag: str) -> Any:

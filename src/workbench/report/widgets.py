@@ -1,31 +1,45 @@
 """The explorer's JupyterLab face: ipywidgets controls, plotly FigureWidgets, a record viewer.
 
-Every function takes an :class:`workbench.report.explorer.Explorer` and binds widgets to it: a
-control change calls ``Explorer.update`` (which redraws every figure made here, in place),
-a click on a point opens that record in the viewer. Imported only in interactive mode, so
-papermill reports never need a widget front end.
+Every function takes a :class:`Selection` (the :class:`~workbench.report.explorer.Explorer`)
+and binds widgets to it: a control change calls its ``update`` (which redraws every figure
+made here, in place), a click on a point opens that record in the viewer. The explorer
+imports this module only in interactive mode, so papermill reports never load ipywidgets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ipywidgets as widgets
+import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analyze.explore import RunOverview
 from workbench.report import plots
 
-if TYPE_CHECKING:
-    from workbench.report.explorer import Explorer
+__all__ = ["Selection", "controls", "figure", "viewer"]
 
-__all__ = ["controls", "figure", "viewer"]
+
+class Selection(Protocol):
+    """What the widgets bind to: a run's records and findings, the filters, and the calls
+    that refilter, open a record and register a redraw."""
+
+    records: pd.DataFrame
+    findings: pd.DataFrame
+    filters: dict[str, Any]
+    overview: RunOverview
+
+    def update(self, **changes: Any) -> pd.DataFrame: ...
+    def open(self, dataset: str, line: int) -> Any: ...
+    def on_update(self, redraw: Callable[[], None]) -> None: ...
+    def summary(self) -> plots.Rendered: ...
 
 _WIDE = widgets.Layout(width="460px")
 _STYLE = {"description_width": "150px"}
 
 
-def _range(app: Explorer, column: str, key: str) -> widgets.IntRangeSlider:
+def _range(app: Selection, column: str, key: str) -> widgets.IntRangeSlider:
     values = app.records[column].dropna()
     top = int(values.max()) if len(values) else 1
     low = app.filters.get(f"min_{key}", 0)
@@ -34,7 +48,7 @@ def _range(app: Explorer, column: str, key: str) -> widgets.IntRangeSlider:
                                   description=f"{column.replace('_', ' ')}", layout=_WIDE, style=_STYLE)
 
 
-def _rule_options(app: Explorer) -> list[tuple[str, str]]:
+def _rule_options(app: Selection) -> list[tuple[str, str]]:
     """("any record", "") then each rule that fired, with its count ("" is shown, None is not)."""
     counts = app.findings.groupby("rule").size().sort_values(ascending=False)
     return [("any record", ""), *((f"{rule} ({count:,} record{'' if count == 1 else 's'})", str(rule))
@@ -51,14 +65,14 @@ def _bounds(pair: tuple[int, int], slider: widgets.IntRangeSlider) -> tuple[int 
     return (None if low <= slider.min else low), (None if high >= slider.max else high)
 
 
-def _initial(app: Explorer, key: str, every: list[str]) -> tuple[str, ...]:
+def _initial(app: Selection, key: str, every: list[str]) -> tuple[str, ...]:
     given = app.filters.get(key)
     if given is None:
         return tuple(every)
     return (given,) if isinstance(given, str) else tuple(given)
 
 
-def controls(app: Explorer) -> widgets.VBox:
+def controls(app: Selection) -> widgets.VBox:
     """The filter controls bound to app, and a line saying what is selected."""
     names = list(app.overview.datasets)
     reasons = sorted(str(r) for r in app.records["finish_reason"].dropna().unique())
@@ -99,7 +113,7 @@ def controls(app: Explorer) -> widgets.VBox:
     return widgets.VBox([widgets.HBox([left, right]), status])
 
 
-def _clicked(app: Explorer) -> Callable[[Any, Any, Any], None]:
+def _clicked(app: Selection) -> Callable[[Any, Any, Any], None]:
     def opened(trace: Any, points: Any, _state: Any) -> None:
         if points.point_inds and trace.customdata is not None:  # a trace is one dataset's points
             app.open(str(trace.legendgroup), int(trace.customdata[points.point_inds[0]]))
@@ -114,7 +128,7 @@ def _layout(fig: go.Figure) -> dict[str, Any]:
     return layout
 
 
-def figure(app: Explorer, build: Callable[[], go.Figure]) -> go.FigureWidget:
+def figure(app: Selection, build: Callable[[], go.Figure]) -> go.FigureWidget:
     """A FigureWidget redrawn in place (same widget, new traces) whenever app's selection
     changes; clicking a point opens its record."""
     widget = go.FigureWidget(build())

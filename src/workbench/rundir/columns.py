@@ -1,63 +1,29 @@
-"""What one scan of a raw file keeps, and the incremental cache of it beside each dataset.
+"""What one scan of a raw file keeps per record, and its cache beside each dataset.
 
-A scan of ``raw_responses.jsonl`` (see :func:`workbench.analyze.validate.scan_run`) keeps, per file, a
-:class:`FileScan`: the validation tallies (counts and first examples of each rule), one
-:class:`Columns` entry per record (the token counts, finish reason, times, the reasoning
+A scan of ``raw_responses.jsonl`` (see :func:`workbench.analyze.scan.scan_run`) keeps, per
+file, a :class:`FileScan`: the validation tallies (counts and first examples of each rule),
+one :class:`Columns` entry per record (the token counts, finish reason, times, the reasoning
 split and the per-record rules failed: what every report figure needs), and a sparse index
 of block offsets to read chosen lines back without reading the file from its start.
 
-The cache stores that scan in ``<dataset>/.workbench-cache/scan-<key>.msgpack`` with the
-raw file's identity (device, inode) and the byte offset read so far (always a line start),
-like the monitor's collector. The next scan of a file that grew reads only the appended
-bytes; a file that shrank, was replaced, or whose last bytes before that offset changed is
-read again from the start. The key covers everything a figure depends on (cache format,
-workbench version, model profile, vocabulary size, reasoning, examples kept), so the
-cache never changes a number. A cache that cannot be read is ignored, one that cannot be
-written is skipped; deleting the cache folder is always safe.
-
-The same append-aware cache keeps other values read of an append-only file
-(:func:`save_appended`; the block digests of :func:`workbench.report.provenance.content_hash`).
-Smaller files read whole (prompts.jsonl, written once before the requests) keep a summary
-instead (:func:`save_summary`), used while the file's identity, size and modification time
-are those it was read with.
+The scan is kept in ``<dataset>/.workbench-cache/scan-<key>.msgpack`` as an appended-file
+cache (:mod:`workbench.rundir.cache`): the next scan of a file that grew reads only the
+appended bytes. The key covers everything a figure depends on (model profile, vocabulary
+size, reasoning, examples kept).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import hashlib
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, TypeVar
 
 import msgspec
 
-import workbench
+from workbench.rundir.cache import load_appended, save_appended
 
-__all__ = [
-    "CACHE_DIR",
-    "Columns",
-    "FileScan",
-    "Stamp",
-    "Tally",
-    "cache_key",
-    "file_stamp",
-    "load_appended",
-    "load_cached",
-    "load_summary",
-    "save_appended",
-    "save_cached",
-    "save_summary",
-]
-
-CACHE_DIR = ".workbench-cache"
-_FORMAT = 2
-_TAIL_BYTES = 256
+__all__ = ["Columns", "FileScan", "Tally", "load_cached", "save_cached"]
 
 SampleId = int | str
-T = TypeVar("T")
 
 
 class Tally(msgspec.Struct):
@@ -87,7 +53,7 @@ class Columns(msgspec.Struct):
 
     ``output_len``, ``reasoning_tokens``, ``answer_tokens`` and ``closed`` come from the
     output ids (None without them; ``closed`` None without reasoning); ``failed`` is a
-    bit mask over :data:`workbench.analyze.validate.RECORD_RULES`.
+    bit mask over :data:`workbench.analyze.rules.RECORD_RULES`.
     """
 
     line: list[int] = msgspec.field(default_factory=list)
@@ -152,75 +118,6 @@ class FileScan(msgspec.Struct):
         return offset, first
 
 
-class _Appended(msgspec.Struct):
-    """One cache file of an append-only file: its identity, the offset read (and the bytes
-    just before it) and what was read up to it."""
-
-    format: int
-    version: str
-    key: str
-    ident: tuple[int, int]
-    offset: int
-    tail: bytes
-    value: msgspec.Raw
-
-
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(_Appended)
-
-
-def cache_key(*parts: Any) -> str:
-    """A short digest of the settings a scan depends on (with the format and version)."""
-    text = repr((_FORMAT, workbench.__version__, *parts))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _tail(raw: Path, offset: int) -> bytes:
-    start = max(0, offset - _TAIL_BYTES)
-    with open(raw, "rb") as file:
-        file.seek(start)
-        return file.read(offset - start)
-
-
-def load_appended(path: Path, kind: str, key: str | None, value_type: type[T]) -> tuple[T, int] | None:
-    """(what was kept of kind for path, the offset it was read to), or None when there is no
-    usable cache: none, unreadable, other settings, or path shrank, was replaced or its
-    last bytes before that offset changed. Key None takes the newest usable one of any key."""
-    if key is not None:
-        return _usable(path, _cache_file(path, kind, key), key, value_type)
-    try:
-        paths = sorted((path.parent / CACHE_DIR).glob(f"{kind}-*.msgpack"),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    return next(filter(None, (_usable(path, cache, None, value_type) for cache in paths)), None)
-
-
-def _usable(path: Path, cache: Path, key: str | None, value_type: type[T]) -> tuple[T, int] | None:
-    try:
-        cached = _DECODER.decode(cache.read_bytes())
-        st = os.stat(path)
-        same = (
-            cached.format == _FORMAT and cached.version == workbench.__version__
-            and (key is None or cached.key == key)
-            and cached.ident == (st.st_dev, st.st_ino) and st.st_size >= cached.offset
-            and _tail(path, cached.offset) == cached.tail
-        )  # fmt: skip
-        return (msgspec.msgpack.decode(cached.value, type=value_type), cached.offset) if same else None
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def save_appended(path: Path, kind: str, key: str, value: Any, offset: int) -> None:
-    """Keep value (what was read of path up to offset) for the next reader; best effort."""
-    with contextlib.suppress(OSError, OverflowError):  # ids past 64 bits: not cached
-        st = os.stat(path)
-        raw = msgspec.Raw(_ENCODER.encode(value))
-        _write(_cache_file(path, kind, key), _ENCODER.encode(
-            _Appended(_FORMAT, workbench.__version__, key, (st.st_dev, st.st_ino), offset,
-                      _tail(path, offset), raw)))
-
-
 def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
     """(the cached scan of raw, the offset it reached), or None (see :func:`load_appended`).
     Key None takes the newest usable scan of any settings (for counts that depend on none)."""
@@ -230,69 +127,3 @@ def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
 def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
     """Store scan (of raw up to the line start offset) for the next scan; best effort."""
     save_appended(raw, "scan", key, msgspec.structs.replace(scan, torn=None), offset)
-
-
-Stamp = tuple[int, int, int, int]
-
-
-class _Summary(msgspec.Struct):
-    """One summary file: what was read of a file with this stamp."""
-
-    format: int
-    version: str
-    key: str
-    stamp: Stamp
-    value: msgspec.Raw
-
-
-def file_stamp(path: Path) -> Stamp | None:
-    """(device, inode, size, modification time) of path; None when it cannot be read."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _cache_file(path: Path, kind: str, key: str) -> Path:
-    return path.parent / CACHE_DIR / f"{kind}-{key}.msgpack"
-
-
-def load_summary(path: Path, kind: str, key: str, value_type: type[T]) -> T | None:
-    """The summary of kind saved for path as it is now, or None."""
-    try:
-        cached = msgspec.msgpack.decode(_cache_file(path, kind, key).read_bytes(),
-                                        type=_Summary)
-        if (cached.format, cached.version, cached.key) != (_FORMAT, workbench.__version__, key):
-            return None
-        if cached.stamp != file_stamp(path):
-            return None
-        return msgspec.msgpack.decode(cached.value, type=value_type)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def save_summary(path: Path, kind: str, key: str, stamp: Stamp | None, value: Any) -> None:
-    """Keep value, read from path when it had stamp (taken before reading); best effort."""
-    if stamp is None or file_stamp(path) != stamp:
-        return  # changed while read: not worth keeping
-    try:
-        raw = msgspec.Raw(_ENCODER.encode(value))
-    except OverflowError:
-        return  # an id past 64 bits (msgpack's range): read again next time
-    _write(_cache_file(path, kind, key),
-           _ENCODER.encode(_Summary(_FORMAT, workbench.__version__, key, stamp, raw)))
-
-
-def _write(path: Path, data: bytes) -> None:
-    """data into path atomically; nothing when the folder cannot be written."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:
-            file.write(data)
-        try:
-            os.chmod(file.name, 0o644)  # like the run's other files, not the temp file's 0600
-            os.replace(file.name, path)
-        except OSError:
-            os.unlink(file.name)
-            raise

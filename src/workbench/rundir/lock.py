@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import IO
 
 from workbench.errors import InputError
+from workbench.rundir.layout import LOCK_FILE
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILE", "hold_run_lock", "writer_alive"]
-
-LOCK_FILE = ".writer.lock"
+__all__ = ["hold_run_lock", "writer_alive"]
 
 
 def _try_lock(handle: IO[str], mode: int) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from workbench.rundir.columns import cache_key, file_stamp, load_summary, save_summary
+from workbench.rundir.cache import cache_key, file_stamp, load_summary, save_summary
 from workbench.rundir.records import PromptBlock, PromptRow, SampleId, iter_prompt_blocks
 
 __all__ = ["TEXT_CHARS_PER_TOKEN", "PromptScan", "scan", "summary"]

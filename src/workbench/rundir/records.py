@@ -40,6 +40,8 @@ Blank lines are skipped silently. Line numbers are 1-based.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import types
 from collections.abc import Iterable, Iterator
@@ -49,15 +51,12 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias, get_args, get_
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from workbench.rundir.layout import TORN_SUFFIX
+
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
-    "ERRORS_FILE",
-    "MANIFEST_FILE",
-    "PROMPTS_FILE",
     "PROMPT_BLOCK_BYTES",
-    "RAW_FILE",
     "SCHEMA_VERSION",
-    "TORN_SUFFIX",
     "Block",
     "ErrorRecord",
     "JsonlAppender",
@@ -74,18 +73,13 @@ __all__ = [
     "iter_blocks",
     "iter_prompt_blocks",
     "parse_lines",
+    "paused_gc",
     "read_rows",
     "read_sample_ids",
     "repair_torn_tail",
-    "write_atomic",
 ]
 
 SCHEMA_VERSION = 1
-RAW_FILE = "raw_responses.jsonl"
-PROMPTS_FILE = "prompts.jsonl"
-ERRORS_FILE = "errors.jsonl"
-MANIFEST_FILE = "run.json"
-TORN_SUFFIX = ".torn"
 
 DEFAULT_BLOCK_BYTES = 8 << 20
 PROMPT_BLOCK_BYTES = 1 << 20  # smaller: the id arrays are searched and counted while cached
@@ -137,14 +131,6 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
 
 
 _encoder = msgspec.json.Encoder()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """data as the whole of path: a temp file beside it, then a rename (readers never see half)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def encode_line(obj: Any) -> bytes:
@@ -992,3 +978,16 @@ def _prompt_parts(text: bytes) -> tuple[int | None, int | None]:
     value = bytes(parts.text)
     chars = len(msgspec.json.decode(value, type=str)) if value.startswith(b'"') else None
     return count, chars
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic collection while blocks of id lists stream by: they hold no reference
+    cycles, and collections would walk every list (validation and export use it)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

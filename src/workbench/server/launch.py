@@ -33,6 +33,7 @@ from typing import IO, Any, Literal, Self
 import httpx
 
 from workbench.errors import LaunchError
+from workbench.sim.config import add_sim_arguments
 
 __all__ = [
     "HEALTH_PATHS",
@@ -102,8 +103,6 @@ def server_command(
 def sim_flag_names() -> frozenset[str]:
     """Every parameter name the simulator accepts (`mem_fraction_static`, `speed`, ...)."""
     import argparse
-
-    from workbench.sim.config import add_sim_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_sim_arguments(parser)

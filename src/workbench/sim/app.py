@@ -28,6 +28,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
+from workbench.sim.calls import DONE, Countdown, abort_response, run_jobs, stream_jobs
 from workbench.sim.config import SimConfig
 from workbench.sim.middleware import (
     FAULT_SCOPE_KEY,
@@ -36,6 +37,7 @@ from workbench.sim.middleware import (
     InflightMiddleware,
     QuietShutdownMiddleware,
 )
+from workbench.sim.openai import chat_completions, completions
 from workbench.sim.profiles import OutOfMemory
 from workbench.sim.protocol import (
     ContractError,
@@ -48,7 +50,7 @@ from workbench.sim.protocol import (
     parse_generate,
 )
 from workbench.sim.sampling import Sampling
-from workbench.sim.server import Job, SimServer
+from workbench.sim.server import SimServer
 
 __all__ = ["create_app", "serve"]
 
@@ -57,24 +59,11 @@ FLUSH_MESSAGE = (
     "waiting requests, the operation will not be performed.)\n"
 )
 SHUTDOWN_GRACE_SECONDS = 2
-DONE = b"data: [DONE]\n\n"
 
 
 def _server(request: Request) -> SimServer:
     server: SimServer = request.app.state.server
     return server
-
-
-class _Countdown:
-    """An event set once every watched request is done (finished and published)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-        self.event = asyncio.Event()
-
-    def update(self) -> None:
-        if all(job.request.done for job in self.jobs):
-            self.event.set()
 
 
 async def generate(request: Request) -> Response:
@@ -106,24 +95,6 @@ def _shape(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Any:
     return replies if batch.is_batch else replies[0]
 
 
-def abort_response(finish: dict[str, Any]) -> Response:
-    """A non-streaming abort as SGLang answers it (tokenizer_manager
-    `_handle_abort_finish_reason`): 400 as a ValueError, other statuses as an HTTPException
-    through http_server's handler (`ErrorResponse`: object, message, type, param, code)."""
-    status = finish.get("status_code") or 503
-    message = finish.get("message") or "Aborted"
-    if status == 400:
-        return json_response(error_body(message), 400)
-    body = {
-        "object": "error",
-        "message": message,
-        "type": str(status),
-        "param": None,
-        "code": status,
-    }
-    return json_response(body, status)
-
-
 def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
     """Finished replies as JSON, or as one SSE chunk each and [DONE] for a stream."""
     if not batch.stream:
@@ -147,21 +118,6 @@ async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def run_jobs(
-    server: SimServer, items: list[GenerateItem], receive: Receive
-) -> list[Job] | None:
-    """Run non-streaming jobs to the end; None (jobs cancelled) if the client left first."""
-    countdown = _Countdown()
-    countdown.jobs = [
-        server.start_job(item, stream=False, on_update=countdown.update) for item in items
-    ]
-    if not await _finished_before_disconnect(countdown.event, receive):
-        for job in countdown.jobs:
-            server.cancel(job)
-        return None
-    return countdown.jobs
-
-
 async def _complete(
     server: SimServer, batch: GenerateBatch, started: float, receive: Receive
 ) -> Response:
@@ -170,59 +126,6 @@ async def _complete(
         return Response(status_code=499)
     e2e_latency = time.perf_counter() - started
     return _final(batch, [server.job_reply(job, e2e_latency) for job in jobs])
-
-
-async def _finished_before_disconnect(event: asyncio.Event, receive: Receive) -> bool:
-    """Wait for `event`; False if the client disconnected first."""
-    finished = asyncio.ensure_future(event.wait())
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait((finished, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        finished.cancel()
-        gone.cancel()
-    return event.is_set()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def _due(job: Job, sent: int, default_interval: int) -> bool:
-    """Whether a running job's published tokens make a chunk (output_streamer.py `accept`):
-    every step at interval 1, else the first token at once and then every `interval`."""
-    unsent = job.request.published - sent
-    if unsent <= 0:
-        return False
-    interval = job.item.sampling.stream_interval or default_interval
-    return interval == 1 or unsent >= interval or sent == 0
-
-
-async def stream_jobs(
-    server: SimServer, items: list[GenerateItem]
-) -> AsyncIterator[tuple[int, Job]]:
-    """(index, job) each time a streamed job has a chunk due, as the engine publishes tokens;
-    a done job (`job.request.done`) comes once, last. Unfinished jobs are cancelled on exit."""
-    changed = asyncio.Event()
-    jobs = [server.start_job(item, stream=True, on_update=changed.set) for item in items]
-    sent = [0] * len(jobs)
-    pending = set(range(len(jobs)))
-    interval = server.config.stream_interval
-    try:
-        while pending:
-            await changed.wait()
-            changed.clear()
-            for index in sorted(pending):
-                job = jobs[index]
-                if job.request.done:
-                    pending.discard(index)
-                elif not _due(job, sent[index], interval):
-                    continue
-                sent[index] = job.request.published
-                yield index, job
-    finally:
-        _cancel_unfinished(server, jobs)
 
 
 async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> AsyncIterator[bytes]:
@@ -235,12 +138,6 @@ async def _stream(server: SimServer, batch: GenerateBatch, started: float) -> As
             e2e_latency = time.perf_counter() - started if job.request.done else None
             yield _sse(_indexed(batch, index, server.job_reply(job, e2e_latency)))
     yield DONE
-
-
-def _cancel_unfinished(server: SimServer, jobs: list[Job]) -> None:
-    for job in jobs:
-        if not job.request.finished:
-            server.cancel(job)
 
 
 def _indexed(batch: GenerateBatch, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +162,7 @@ async def health_generate(request: Request) -> Response:
         token = server.model.sim_content_ids[0]
         sampling = Sampling(max_new_tokens=1, temperature=0.0)
         item = GenerateItem([token], [token], "HEALTH_CHECK", sampling)
-        countdown = _Countdown()
+        countdown = Countdown()
         countdown.jobs = [
             server.start_job(item, stream=False, on_update=countdown.update, health=True)
         ]
@@ -305,8 +202,6 @@ def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -
 
     `log` receives the scheduler's log lines (none by default).
     """
-    from workbench.sim.openai import chat_completions, completions
-
     server = SimServer(config, log=log)
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),

@@ -24,12 +24,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from workbench.sim.app import DONE, abort_response, run_jobs, stream_jobs
+from workbench.sim.calls import DONE, abort_response, run_jobs, stream_jobs
 from workbench.sim.completion import reply_text
+from workbench.sim.job import Job
 from workbench.sim.outputs import render_text
 from workbench.sim.protocol import GenerateItem, InvalidRequest, json_response, parse_generate
 from workbench.sim.sampling import ContractError
-from workbench.sim.server import Job, SimServer
+from workbench.sim.server import SimServer
 
 __all__ = ["chat_completions", "completions"]
 

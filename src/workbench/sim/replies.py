@@ -12,14 +12,12 @@ final reply only, `e2e_latency` (plus `request_received_ts`, `first_token_latenc
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from workbench.profiles import ModelProfile
 from workbench.sim.completion import extend_text, logprob_fields, reply_text
+from workbench.sim.job import Job
 from workbench.sim.protocol import abort_reason
-
-if TYPE_CHECKING:
-    from workbench.sim.server import Job
 
 __all__ = ["ReplyOptions", "generate_reply"]
 

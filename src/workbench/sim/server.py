@@ -19,43 +19,22 @@ from workbench.errors import InputError
 from workbench.profiles import get_profile
 from workbench.resources import data_dir
 from workbench.sim.cache import block_hashes
-from workbench.sim.completion import Completion, complete, reasoning_length
+from workbench.sim.completion import complete, reasoning_length
 from workbench.sim.config import SimConfig
 from workbench.sim.engine import Engine, EngineLoop, Request
 from workbench.sim.faults import FaultPlan
+from workbench.sim.job import Job
 from workbench.sim.metrics import SimMetrics
 from workbench.sim.outputs import fixed_output, output_seed, plan_output, render_text
 from workbench.sim.profiles import GB, get_sim_profile, plan_sizing, step_seconds
 from workbench.sim.protocol import GenerateItem, Limits, abort_reason
 from workbench.sim.replies import ReplyOptions, generate_reply
 
-__all__ = ["CLIENT_GONE_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "Job", "SimServer"]
+__all__ = ["CLIENT_GONE_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "SimServer"]
 
 VERSION = "0.5.23"  # the SGLang release whose API the simulator follows
 FAULT_ABORT_MESSAGE = "Abort request: injected fault"
 CLIENT_GONE_MESSAGE = "Abort request: the client disconnected"
-
-
-class Job:
-    """One sequence of a /generate call: what it asked, its output, its engine request."""
-
-    __slots__ = ("completion", "engine", "item", "rank", "reasoning_length", "request", "text")
-
-    def __init__(
-        self,
-        item: GenerateItem,
-        completion: Completion,
-        request: Request,
-        engine: Engine,
-        rank: int = 0,
-    ) -> None:
-        self.item = item
-        self.completion = completion
-        self.request = request
-        self.engine = engine
-        self.rank = rank
-        self.text = (0, "")  # (ids rendered, their text) of a running request
-        self.reasoning_length: int | None = None
 
 
 class SimServer:

@@ -18,7 +18,9 @@ from typing import Any
 import msgspec
 
 from workbench.errors import InputError, LaunchError, RequestFailed
-from workbench.rundir.records import write_atomic
+from workbench.report.parameters import notebooks_dir
+from workbench.report.render import run_report
+from workbench.rundir.files import write_atomic
 from workbench.server.client import SGLangClient, api_key_from_env
 from workbench.server.launch import (
     ServerProcess,
@@ -51,6 +53,16 @@ from workbench.tune.results import (
     read_point,
     write_results_csv,
 )
+
+__all__ = [
+    "SweepSummary",
+    "default_out",
+    "run_demo_sweep",
+    "run_sweep",
+    "run_sweep_cli",
+    "sweep",
+    "tuning_report",
+]
 
 REQUESTS_FILE = "requests.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -424,7 +436,6 @@ def tuning_report(sweep_dir: str | os.PathLike[str],
                   out_dir: str | os.PathLike[str] = "outputs/reports") -> Any:
     """The throughput_tuning notebook executed on a sweep directory (a ReportResult);
     InputError before any kernel starts when `sweep_dir` holds no sweep."""
-    from workbench.report.render import run_report
 
     if _read_sweep_record(Path(sweep_dir)) is None:
         raise InputError(f"{sweep_dir}: no {SWEEP_FILE} (not a sweep directory)")
@@ -447,7 +458,6 @@ def run_demo_sweep(
     two concurrencies (about a minute; resumed when `out` holds it already), then its report
     (a ReportResult)."""
     if params_file is None:
-        from workbench.report.render import notebooks_dir
 
         params_file = notebooks_dir().parent / "params" / "tuning.sim.yaml"
     run_sweep(params_file, out, resume=True, overrides=DEMO_OVERRIDES, say=say)

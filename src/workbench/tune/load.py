@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from workbench.config import load_manifest
 from workbench.errors import ConfigError, RequestFailed
 from workbench.generate.concurrency import (
     CEILING,
@@ -23,9 +24,13 @@ from workbench.generate.concurrency import (
     Steering,
     read_servers,
 )
+from workbench.generate.prompts import load_prompts
+from workbench.profiles import get_profile
 from workbench.server.client import SGLangClient
 from workbench.server.metrics import parse_metrics
 from workbench.tune.parameters import LoadParams, PromptParams
+
+__all__ = ["LoadOutcome", "LoadPrompt", "PointLoad", "RequestRow", "build_prompts"]
 
 MIN_SAMPLE_WALL = 0.05
 ERROR_PAUSE_WALL = 0.05
@@ -52,8 +57,6 @@ def build_prompts(params: PromptParams) -> list[LoadPrompt]:
 
 
 def _random_prompts(params: PromptParams, rng: random.Random) -> list[LoadPrompt]:
-    from workbench.profiles import get_profile
-
     low, high = get_profile(params.model_profile).sim_content_ids
     prefixes = [[rng.randrange(low, high) for _ in range(params.shared_prefix)]
                 for _ in range(params.prefix_groups)]
@@ -66,10 +69,6 @@ def _random_prompts(params: PromptParams, rng: random.Random) -> list[LoadPrompt
 
 
 def _manifest_prompts(params: PromptParams) -> list[LoadPrompt]:
-    from workbench.config import load_manifest
-    from workbench.generate.prompts import load_prompts
-    from workbench.profiles import get_profile
-
     assert params.manifest is not None
     manifest = load_manifest(params.manifest)
     profile = get_profile(manifest.model_profile)

@@ -15,6 +15,8 @@ from workbench.server.metrics import MetricsSnapshot, cache_hit_rate, parse_metr
 from workbench.tune.load import LoadOutcome, RequestRow, Sample
 from workbench.tune.parameters import LatencyLimits
 
+__all__ = ["RESULT_COLUMNS", "PointResult", "summarize_point", "violations"]
+
 
 class PointResult(msgspec.Struct, kw_only=True):
     """One point's figures (result.json); None where nothing was measured."""

@@ -26,6 +26,27 @@ from workbench.server.launch import (
     server_command,
     split_sim_args,
 )
+from workbench.sim.profiles import get_sim_profile
+
+__all__ = [
+    "Command",
+    "ConfigPlan",
+    "GridParams",
+    "LatencyLimits",
+    "LoadParams",
+    "NamedConfig",
+    "ProjectionParams",
+    "PromptParams",
+    "ServerParams",
+    "SimParams",
+    "TuningParams",
+    "apply_overrides",
+    "config_command",
+    "expand_grid",
+    "format_commands",
+    "load_tuning_params",
+    "plan_commands",
+]
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -254,7 +275,6 @@ def _check_server(server: ServerParams, source: str) -> None:
     if server.launcher == "sglang" and not server.model_path:
         raise ConfigError("server.model_path", "required with launcher sglang", source)
     if server.launcher == "sim":
-        from workbench.sim.profiles import get_sim_profile
 
         try:
             get_sim_profile(server.sim.profile)

@@ -11,10 +11,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.analyze.stats import collect_stats
+from workbench.config import load_manifest
 from workbench.errors import ConfigError, InputError
+from workbench.text import format_table
 from workbench.tune.measurement import PointResult, _rounded, violations
 from workbench.tune.parameters import LatencyLimits, ProjectionParams
 from workbench.tune.results import load_results, sweep_params
+
+__all__ = [
+    "ConfigChoice",
+    "Recommendation",
+    "format_hours",
+    "format_results_table",
+    "projection",
+    "recommend",
+    "recommend_sweep",
+    "remaining_from_manifest",
+    "remaining_from_run",
+    "remaining_tokens_for",
+]
 
 
 def projection(remaining_tokens: float, tok_s: float) -> float:
@@ -37,7 +53,6 @@ def remaining_from_run(run_dir: str | os.PathLike[str],
                        mean_completion_tokens: float | None = None) -> int:
     """Completion tokens a generation run still has to produce, from its stats: a dataset's
     token budget left, else its records left times its mean completion."""
-    from workbench.analyze.stats import collect_stats
 
     stats = collect_stats(run_dir)
     total = 0.0
@@ -57,7 +72,6 @@ def remaining_from_manifest(manifest_path: str | os.PathLike[str],
                             mean_completion_tokens: float | None = None) -> int:
     """Completion tokens of a whole job from its manifest: a dataset's `max_tokens`, else its
     prompts (`max_samples` at most) times `mean_completion_tokens`."""
-    from workbench.config import load_manifest
 
     manifest = load_manifest(Path(manifest_path))
     total = 0.0
@@ -275,7 +289,6 @@ def recommend_sweep(out: str | os.PathLike[str],
 
 def format_results_table(results: Sequence[PointResult]) -> str:
     """The points as a plain-text table."""
-    from workbench.analyze.stats import format_table
 
     headers = ["config", "conc", "status", "tok/s", "req/s", "running", "KV tokens",
                "peak usage", "TTFT p50 ms", "ITL p50 ms", "e2e p50 s", "hit rate", "errors"]

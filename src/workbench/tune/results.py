@@ -18,7 +18,7 @@ import msgspec
 
 from workbench import __version__
 from workbench.errors import InputError
-from workbench.rundir.records import write_atomic
+from workbench.rundir.files import write_atomic
 from workbench.server.launch import command_line
 from workbench.tune.measurement import RESULT_COLUMNS, PointResult
 from workbench.tune.parameters import (
@@ -29,6 +29,16 @@ from workbench.tune.parameters import (
     _redact,
     _redact_argv,
 )
+
+__all__ = [
+    "PointPlan",
+    "configs_frame",
+    "curves_frame",
+    "load_results",
+    "results_frame",
+    "sweep_overview",
+    "sweep_params",
+]
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,0 +1,137 @@
+"""How far a dataset is, how fast it goes, and when it ends: the stats' progress figures.
+
+    target        records: run.json's ``prompts`` capped by ``max_samples`` (else the lines
+                  of prompts.jsonl); tokens: run.json's ``max_tokens`` budget
+    rates         completion tokens and records per second over the last ``window``
+                  seconds of record ``ts`` values; while the first record is inside the
+                  window, over the time since it (that record only marks the start)
+    finished      records plus failed ids reach the target, or the completion tokens reach
+                  the budget
+    remaining     records still to come: by count, or by the budget left over the average
+                  reply, whichever is less
+    eta           what is left (records, or tokens under a budget, whichever ends first)
+                  over the recent rate; 0 when finished, None without a target or a rate
+
+A run's total: the records left everywhere over the summed request rate (the datasets of a
+run share one pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+__all__ = ["Progress", "Target", "progress", "rates", "total_progress"]
+
+
+class Target(NamedTuple):
+    """What a dataset aims at: records, and a completion-token budget (None: none)."""
+
+    records: int | None
+    max_tokens: int | None
+
+    @classmethod
+    def from_manifest(cls, entry: Mapping[str, Any], prompt_lines: int | None) -> Target:
+        """From the dataset's run.json entry, else the lines of its prompts.jsonl."""
+        counts = [entry.get("prompts"), entry.get("max_samples")]
+        known = [int(c) for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+        records = min(known) if known else prompt_lines
+        budget = entry.get("max_tokens")
+        return cls(records, budget if isinstance(budget, int) and budget > 0 else None)
+
+
+class Progress(NamedTuple):
+    remaining_records: float | None
+    finished: bool
+    eta_s: float | None
+
+
+class Counted(Protocol):
+    """The figures progress is computed from (a :class:`~workbench.analyze.stats.DatasetStats`)."""
+
+    @property
+    def records(self) -> int: ...
+    @property
+    def failed_missing(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def avg_completion_tokens(self) -> float | None: ...
+    @property
+    def target_records(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def tokens_per_s(self) -> float | None: ...
+    @property
+    def requests_per_s(self) -> float | None: ...
+
+
+def rates(
+    window: Iterable[tuple[float, int]], first_ts: float | None, now: float, length: float
+) -> tuple[float | None, float | None, int]:
+    """(completion tok/s, records/s, records in the window) over the last ``length`` seconds
+    of (ts, completion tokens) pairs."""
+    cutoff = now - length
+    recent = [(ts, tokens) for ts, tokens in window if ts > cutoff]
+    if first_ts is None:
+        return None, None, len(recent)
+    span, tokens, count = length, sum(t for _, t in recent), len(recent)
+    if first_ts > cutoff and recent:
+        span = now - first_ts
+        first = min(recent)
+        tokens, count = tokens - first[1], count - 1
+    if span <= 0:
+        return 0.0, 0.0, len(recent)
+    return tokens / span, count / span, len(recent)
+
+
+def progress(d: Counted) -> Progress:
+    """Remaining records, finished and ETA of one dataset."""
+    records, tokens = _left(d)
+    finished = records is not None and records <= 0
+    if d.max_tokens is not None and d.completion_tokens >= d.max_tokens:
+        finished = True
+    if finished:
+        return Progress(0.0, True, 0.0)
+    return Progress(_records_left(records, tokens, d), False, _eta(records, tokens, d))
+
+
+def total_progress(parts: Sequence[Progress], req_rate: float | None) -> Progress:
+    """The run's progress from its datasets' own and the summed request rate."""
+    left = [part.remaining_records for part in parts if not part.finished]
+    if not left:
+        return Progress(0.0, bool(parts), 0.0)
+    known = [value for value in left if value is not None]
+    remaining = sum(known) if len(known) == len(left) else None
+    eta = remaining / req_rate if remaining is not None and req_rate else None
+    return Progress(remaining, False, eta)
+
+
+def _left(d: Counted) -> tuple[int | None, int | None]:
+    """(records left, completion tokens left under the budget)."""
+    records = None
+    if d.target_records is not None:
+        records = max(0, d.target_records - d.records - d.failed_missing)
+    tokens = None
+    if d.max_tokens is not None:
+        tokens = max(0, d.max_tokens - d.completion_tokens)
+    return records, tokens
+
+
+def _eta(records: int | None, tokens: int | None, d: Counted) -> float | None:
+    candidates = []
+    if records is not None and d.requests_per_s:
+        candidates.append(records / d.requests_per_s)
+    if tokens is not None and d.tokens_per_s:
+        candidates.append(tokens / d.tokens_per_s)
+    return min(candidates) if candidates else None
+
+
+def _records_left(records: int | None, tokens: int | None, d: Counted) -> float | None:
+    """Records still to come: by count, or by the token budget over the average reply."""
+    by_tokens = None
+    if tokens is not None and d.avg_completion_tokens:
+        by_tokens = tokens / d.avg_completion_tokens
+    known = [value for value in (records, by_tokens) if value is not None]
+    return float(min(known)) if known else None

@@ -1,0 +1,169 @@
+"""Validation findings: each rule's count, rate, severity and first examples, per dataset.
+
+A dataset's findings gather the tallies of its scanned raw file (the per-record rules and
+the line problems, :mod:`workbench.analyze.scan`), the torn last line, and its sample ids
+against prompts.jsonl's: a record whose id repeats (``duplicate_sample_id``) or is not a
+prepared prompt (``orphan_response``), a prepared prompt with no record
+(``missing_response``, or ``unsent_budget`` when the dataset's token budget stopped it) and
+the problems of prompts.jsonl itself. A rule whose rate (over the records; over the
+prompts for the missing ones) passes its :class:`~workbench.analyze.rules.Thresholds` rate
+is an error whatever its default severity. Findings come errors first, then in
+:data:`~workbench.analyze.rules.SEVERITY` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import msgspec
+
+from workbench.analyze.rules import PROMPT_RULES, SEVERITY, Severity, Thresholds
+from workbench.rundir import prompt_scan
+from workbench.rundir.columns import FileScan, Tally
+from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
+
+__all__ = [
+    "DatasetReport",
+    "Example",
+    "Finding",
+    "PromptIds",
+    "ValidationReport",
+    "dataset_report",
+    "read_prompt_ids",
+]
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+_RULE_ORDER = {rule: index for index, rule in enumerate(SEVERITY)}
+
+SampleId: TypeAlias = int | str
+
+
+class Example(msgspec.Struct):
+    """Where a rule fired: a line of `file` (raw_responses.jsonl or prompts.jsonl)."""
+
+    line: int
+    detail: str
+    file: str = RAW_FILE
+
+
+class Finding(msgspec.Struct):
+    """One rule's result for a dataset; `rate` is count over records (prompts when missing)."""
+
+    rule: str
+    severity: Severity
+    count: int
+    examples: list[Example]
+    rate: float | None = None
+
+
+class DatasetReport(msgspec.Struct):
+    ok: bool
+    records: int
+    prompts: int | None
+    findings: list[Finding]
+
+
+class ValidationReport(msgspec.Struct):
+    ok: bool
+    model_profile: str
+    datasets: dict[str, DatasetReport]
+
+    def to_builtins(self) -> dict[str, Any]:
+        """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...}}."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
+
+
+@dataclass(slots=True)
+class PromptIds:
+    lines: dict[SampleId, int]
+    tally: Tally
+
+
+def read_prompt_ids(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> PromptIds | None:
+    """Each prompt's first line; parse problems and repeats tallied (prompts.jsonl lines),
+    from the one read of prompts.jsonl the reports share (see :mod:`workbench.rundir.prompt_scan`)."""
+    path = ds.prompts_path
+    if not path.is_file():
+        return None
+    found = prompt_scan.summary(path, cache=cache)
+    tally = Tally(thresholds.max_examples)
+    for line, kind, detail in found.problems:
+        tally.add(PROMPT_RULES[kind], line, detail)
+    return PromptIds(found.first_line_of(), tally)
+
+
+def _id_findings(
+    scan: FileScan, prompts: PromptIds | None, tally: Tally, budget_reached: bool = False
+) -> None:
+    """Duplicate and orphan records into tally; missing responses into the prompts' tally
+    (as `unsent_budget` when the dataset's token budget stopped it)."""
+    first_line: dict[SampleId, int] = {}
+    for sample_id, line in zip(scan.columns.sample_id, scan.columns.line, strict=True):
+        if sample_id is None:
+            continue
+        seen = first_line.setdefault(sample_id, line)
+        if seen != line:
+            tally.add("duplicate_sample_id", line, f"sample_id {sample_id!r} also at line {seen}")
+        elif prompts is not None and sample_id not in prompts.lines:
+            tally.add("orphan_response", line, f"sample_id {sample_id!r} is not a prepared prompt")
+    if prompts is not None:
+        answered = first_line.keys()
+        missing = sorted(line for sid, line in prompts.lines.items() if sid not in answered)
+        rule, detail = (("unsent_budget", "not sent: the max_tokens budget was reached")
+                        if budget_reached else ("missing_response", "prepared prompt without a record"))
+        for line in missing:
+            prompts.tally.add(rule, line, detail)
+
+
+def _findings(
+    tallies: Iterable[tuple[str, Tally]], records: int, prompts: int | None,
+    thresholds: Thresholds,
+) -> list[Finding]:
+    """Findings of every rule that fired, errors first."""
+    counts: dict[str, int] = {}
+    examples: dict[str, list[Example]] = {}
+    for file, tally in tallies:
+        for rule, count in tally.counts.items():
+            counts[rule] = counts.get(rule, 0) + count
+            examples.setdefault(rule, []).extend(
+                Example(line, detail, file) for line, detail in tally.examples[rule])
+    found = [_finding(rule, count, examples[rule], records, prompts, thresholds)
+             for rule, count in counts.items()]
+    return sorted(found, key=lambda f: (_SEVERITY_ORDER[f.severity], _RULE_ORDER[f.rule]))
+
+
+def _finding(
+    rule: str, count: int, examples: list[Example], records: int, prompts: int | None,
+    thresholds: Thresholds,
+) -> Finding:
+    base = prompts if rule in ("missing_response", "unsent_budget") else records
+    rate = count / base if base and rule != "no_prompts" else None
+    severity = SEVERITY[rule]
+    limit = thresholds.error_rate(rule)
+    if limit is not None and rate is not None and rate > limit:
+        severity = "error"
+    return Finding(rule, severity, count, examples[: thresholds.max_examples], rate)
+
+
+def dataset_report(
+    scan: FileScan, prompts: PromptIds | None, thresholds: Thresholds, budget_reached: bool = False
+) -> DatasetReport:
+    records = Tally(thresholds.max_examples)
+    tallies: list[tuple[str, Tally]] = [(RAW_FILE, scan.tally), (RAW_FILE, records)]
+    if scan.torn is not None:
+        records.add("torn_line", *scan.torn)
+    if prompts is not None:
+        tallies.append((PROMPTS_FILE, prompts.tally))
+    else:
+        absent = Tally(thresholds.max_examples)
+        absent.add("no_prompts", 0, "file not found: missing and orphan responses not checked")
+        tallies.append((PROMPTS_FILE, absent))
+    _id_findings(scan, prompts, records, budget_reached)
+    count = len(prompts.lines) if prompts is not None else None
+    findings = _findings(tallies, scan.records, count, thresholds)
+    ok = not any(f.severity == "error" for f in findings)
+    return DatasetReport(ok, scan.records, count, findings)

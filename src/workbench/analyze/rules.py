@@ -1,0 +1,395 @@
+"""The format rules: their ids and severities, and the per-record rules of a model profile.
+
+Each rule has a stable id and a default severity (:data:`SEVERITY`, the one table of them).
+Rules that are a matter of degree become errors above a rate (:class:`Thresholds`): a few
+truncated replies are normal, a tenth of them means ``max_new_tokens`` is too small.
+
+    rule                  default   what it counts (file)
+    parse_error           error     lines that are not JSON objects (raw, prompts)
+    torn_line             warning   a last line without newline: a writer died or is writing
+    missing_field         error     records where a contract field cannot be read (flat records
+                                    need every field; older layouts the ids, counts and finish)
+    legacy_layout         info      records in the chat-completions or meta_info layout
+    bad_type              error     lines whose known fields hold the wrong type
+    duplicate_sample_id   error     a sample_id seen before in the same file (raw, prompts)
+    missing_response      warning   a prepared prompt with no record (prompts)
+    unsent_budget         info      a prepared prompt with no record in a dataset whose
+                                    max_tokens budget stopped it (run.json budget_reached)
+    orphan_response       warning   a record whose sample_id is not a prepared prompt
+    no_prompts            warning   prompts.jsonl is absent: the two rules above cannot run
+    token_count_mismatch  warning   completion_tokens != len(output_ids); some SGLang versions
+                                    prepend prompt-suffix ids, so the example gives the difference
+    truncated             warning   finish_reason "length"; error above truncated_error_rate.
+                                    The example says when the cut fell inside the reasoning.
+    empty_output          warning   no output ids, or only end ids
+    aborted               warning   finish_reason "abort"
+    reasoning_unclosed    warning   a reply that ended (not "length", not "abort") with no
+                                    think-end id; a reply cut by "length" inside its reasoning
+                                    is `truncated`, not this
+    empty_answer          warning   nothing between the think-end id and the end id (or the
+                                    end of a reply that ended)
+    stray_think_start     warning   more think-start ids than the template allows: none when
+                                    the template opens the reasoning (Kimi), one otherwise (Qwen3)
+    stray_think_end       warning   more than one think-end id
+    id_out_of_vocab       error     an output id outside [0, vocab_size)
+
+The reasoning rules run when the model profile has a think-end id and the dataset did not
+switch thinking off (its ``chat_template_kwargs`` set the profile's thinking argument to
+false). Per-record rules live in :class:`RecordChecker`, which the export's filters use too.
+
+The run-level findings (counts, rates, examples, escalation) are :mod:`workbench.analyze.findings`;
+the one pass over a run is :mod:`workbench.analyze.scan`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, TypeAlias
+
+import msgspec
+import numpy as np
+
+from workbench.profiles import ModelProfile
+from workbench.rundir.records import Row
+
+__all__ = [
+    "PROBLEM_RULES",
+    "PROMPT_RULES",
+    "RECORD_RULES",
+    "RULE_BITS",
+    "SEVERITY",
+    "RecordChecker",
+    "Severity",
+    "Thresholds",
+    "failed_rules",
+    "reasoning_expected",
+    "record_failures",
+    "record_problems",
+    "rule_bit",
+]
+
+Severity: TypeAlias = Literal["error", "warning", "info"]
+
+SEVERITY: dict[str, Severity] = {
+    "parse_error": "error",
+    "torn_line": "warning",
+    "missing_field": "error",
+    "legacy_layout": "info",
+    "bad_type": "error",
+    "duplicate_sample_id": "error",
+    "missing_response": "warning",
+    "unsent_budget": "info",
+    "orphan_response": "warning",
+    "no_prompts": "warning",
+    "token_count_mismatch": "warning",
+    "truncated": "warning",
+    "empty_output": "warning",
+    "aborted": "warning",
+    "reasoning_unclosed": "warning",
+    "empty_answer": "warning",
+    "stray_think_start": "warning",
+    "stray_think_end": "warning",
+    "id_out_of_vocab": "error",
+}
+
+RECORD_RULES: tuple[str, ...] = (
+    "missing_field",
+    "token_count_mismatch",
+    "truncated",
+    "aborted",
+    "empty_output",
+    "id_out_of_vocab",
+    "reasoning_unclosed",
+    "stray_think_end",
+    "empty_answer",
+    "stray_think_start",
+)
+
+PROBLEM_RULES = {"malformed": "parse_error", "not_object": "parse_error",
+                  "bad_type": "bad_type", "torn": "torn_line"}
+
+PROMPT_RULES = {**PROBLEM_RULES, "no_id": "missing_field",
+                 "duplicate_id": "duplicate_sample_id"}  # prompt_scan's problem kinds
+
+
+class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Rates (share of a dataset's records, or prompts for missing_response) above which a
+    rule is an error whatever its default severity; 1.0 never escalates."""
+
+    truncated_error_rate: float = 0.05
+    empty_output_error_rate: float = 0.01
+    aborted_error_rate: float = 0.01
+    reasoning_unclosed_error_rate: float = 0.02
+    empty_answer_error_rate: float = 0.02
+    stray_think_start_error_rate: float = 0.02
+    stray_think_end_error_rate: float = 0.02
+    token_count_mismatch_error_rate: float = 1.0
+    missing_response_error_rate: float = 1.0
+    orphan_response_error_rate: float = 1.0
+    max_examples: int = 5
+
+    def error_rate(self, rule: str) -> float | None:
+        """The escalation rate of rule, or None when it has none."""
+        value = getattr(self, f"{rule}_error_rate", None)
+        return value if isinstance(value, float) else None
+
+
+_REQUIRED = ("sample_id", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason")
+
+_REQUIRED_FLAT = (*_REQUIRED, "cached_tokens", "e2e_latency", "ts")
+
+_ENDED_EARLY = ("length", "abort")
+
+
+def _missing_fields(row: Row) -> list[str]:
+    """Contract fields of row that could not be read."""
+    if (
+        row.sample_id is not None and row.output_ids is not None and row.prompt_tokens is not None
+        and row.completion_tokens is not None and row.finish_reason is not None
+        and (row.layout != "flat" or (row.cached_tokens is not None
+                                      and row.e2e_latency is not None and row.ts is not None))
+    ):
+        return []
+    names = _REQUIRED_FLAT if row.layout == "flat" else _REQUIRED
+    return [name for name in names if getattr(row, name) is None]
+
+
+class _IdStats(NamedTuple):
+    """Per-row facts about the output ids of a batch of rows, found with a few array passes.
+
+    Positions are within the row's ids; -1 when absent. `after_end` is the id right after the
+    first think-end id (-1 when there is none).
+    """
+
+    bad_vocab: list[int]
+    end_count: list[int]
+    end_first: list[int]
+    after_end: list[int]
+    start_count: list[int]
+
+
+class _Flat(NamedTuple):
+    """The ids of a batch of rows in one array; row i holds ids[starts[i]:ends[i]]."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, id_lists: Sequence[list[int]]) -> _Flat:
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        ends = np.cumsum(lengths)
+        flat: list[int] = []
+        for ids in id_lists:
+            flat.extend(ids)
+        try:
+            array = np.fromiter(flat, dtype=np.int64, count=len(flat))
+        except OverflowError:  # beyond 64 bits: out of any vocabulary, so clip
+            array = np.array([min(max(i, -1), 1 << 62) for i in flat], dtype=np.int64)
+        return cls(array, ends - lengths, ends)
+
+    def locate(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Flat positions where mask holds, and the row of each."""
+        positions = np.flatnonzero(mask)
+        return positions, np.searchsorted(self.ends, positions, side="right")
+
+    def first_where(self, mask: np.ndarray) -> np.ndarray:
+        """Per row, the position (within the row) of the first id where mask holds, or -1."""
+        positions, rows = self.locate(mask)
+        first = np.full(len(self.ends), -1, dtype=np.int64)
+        unique, index = np.unique(rows, return_index=True)
+        first[unique] = positions[index] - self.starts[unique]
+        return first
+
+    def count_where(self, mask: np.ndarray) -> list[int]:
+        """Per row, how many ids mask holds for."""
+        counts: list[int] = np.bincount(self.locate(mask)[1], minlength=len(self.ends)).tolist()
+        return counts
+
+    def after(self, position: np.ndarray) -> list[int]:
+        """Per row, the id after the row position (-1 for none: no position, or the end)."""
+        following = np.full(len(self.ends), -1, dtype=np.int64)
+        rows = np.flatnonzero(position >= 0)
+        flat = self.starts[rows] + position[rows] + 1
+        inside = flat < self.ends[rows]
+        following[rows[inside]] = self.ids[flat[inside]]
+        ids: list[int] = following.tolist()
+        return ids
+
+
+def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> _IdStats:
+    if not id_lists:
+        return _IdStats([], [], [], [], [])
+    flat = _Flat.of(id_lists)
+    ids, n = flat.ids, len(id_lists)
+    bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
+    profile = checker.profile
+    if not checker.reasoning:
+        return _IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n)
+    is_end = ids == profile.think_end
+    end_first = flat.first_where(is_end)
+    start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
+    return _IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
+                    start_count)
+
+
+class RecordChecker:
+    """The per-record rules for one model profile; rows must be read with output ids.
+
+    `reasoning` False skips the reasoning rules (thinking switched off); `vocab_size`
+    defaults to the profile's. :meth:`check_rows` looks at the ids of a batch of rows with a
+    few numpy passes (no Python loop over ids); the rules themselves are
+    :meth:`_row_problems`, written once for validation and the export's filters.
+    """
+
+    def __init__(
+        self, profile: ModelProfile, *, vocab_size: int | None = None, reasoning: bool = True
+    ) -> None:
+        self.profile = profile
+        self.vocab_size = vocab_size if vocab_size is not None else profile.vocab_size
+        self.reasoning = reasoning and profile.think_end is not None
+        ends = (*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,)))
+        self.end_ids = frozenset(ends)
+        self.starts_allowed = 0 if profile.think_in_template else 1
+
+    def failures(self, row: Row) -> set[str]:
+        """The ids of the per-record rules row fails."""
+        return {rule for rule, _ in self.problems(row)}
+
+    def problems(self, row: Row) -> list[tuple[str, str]]:
+        """(rule, detail) for every per-record rule row fails, in RECORD_RULES order."""
+        return self.check_rows([row])[0]
+
+    def check_rows(self, rows: Sequence[Row]) -> list[list[tuple[str, str]]]:
+        """The problems of each row (see :meth:`problems`), the ids of all checked at once."""
+        return self._check(rows)[0]
+
+    def _check(self, rows: Sequence[Row]) -> tuple[list[list[tuple[str, str]]], _IdStats]:
+        """The problems of each row and the facts about their ids."""
+        stats = _id_stats([row.output_ids or [] for row in rows], self)
+        return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
+
+    def split(self, ids: list[int] | None, end_first: int) -> tuple[int | None, int | None, bool | None]:
+        """(reasoning tokens, answer tokens, closed) of one reply whose first think-end id is
+        at end_first (-1: none). Ids before it are reasoning, ids after it the answer;
+        trailing end ids count in neither. Without reasoning the whole reply is answer."""
+        if ids is None:
+            return None, None, None
+        body = len(ids)
+        while body and ids[body - 1] in self.end_ids:
+            body -= 1
+        if not self.reasoning:
+            return 0, body, None
+        if end_first < 0:
+            return body, 0, False
+        return end_first, max(0, body - end_first - 1), True
+
+    def _row_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        missing = _missing_fields(row)
+        if missing:
+            found.append(("missing_field", "cannot read " + ", ".join(missing)))
+        ids = row.output_ids
+        finish = row.finish_reason
+        if ids is not None and row.completion_tokens is not None and len(ids) != row.completion_tokens:
+            found.append(("token_count_mismatch", _count_detail(len(ids), row.completion_tokens)))
+        if finish == "length":
+            found.append(("truncated", self._truncated_detail(ids, stats.end_first[i])))
+        elif finish == "abort":
+            found.append(("aborted", f"finish_reason abort after {_count(ids)} ids"))
+        if ids is None or self._empty(ids, found):
+            return found
+        if stats.bad_vocab[i] >= 0:
+            position = stats.bad_vocab[i]
+            detail = (f"output_ids[{position}] = {ids[position]} outside "
+                      f"[0, {self.vocab_size}) of {self.profile.name}")
+            found.append(("id_out_of_vocab", detail))
+        if self.reasoning:
+            self._reasoning_problems(ids, finish, stats, i, found)
+        return found
+
+    def _empty(self, ids: list[int], found: list[tuple[str, str]]) -> bool:
+        """Record empty_output; True when the ids hold nothing but end ids."""
+        if ids and (len(ids) > 4 or not self.end_ids.issuperset(ids)):
+            return False
+        found.append(("empty_output", f"output_ids {ids}"))
+        return True
+
+    def _truncated_detail(self, ids: list[int] | None, end_first: int) -> str:
+        detail = f"finish_reason length after {_count(ids)} ids"
+        if self.reasoning and ids is not None and end_first < 0:
+            detail += ", inside the reasoning (no think-end id)"
+        return detail
+
+    def _reasoning_problems(
+        self, ids: list[int], finish: str | None, stats: _IdStats, i: int,
+        found: list[tuple[str, str]],
+    ) -> None:
+        end, start = self.profile.think_end, self.profile.think_start
+        assert end is not None
+        first, ended = stats.end_first[i], finish not in _ENDED_EARLY
+        if first < 0 and ended:
+            detail = f"finish_reason {finish} after {len(ids)} ids, no think-end id {end}"
+            found.append(("reasoning_unclosed", detail))
+        if stats.end_count[i] > 1:
+            detail = (f"{stats.end_count[i]} think-end ids {end} "
+                      f"(at {first} and {ids.index(end, first + 1)})")
+            found.append(("stray_think_end", detail))
+        if first >= 0 and ended and (stats.after_end[i] < 0 or stats.after_end[i] in self.end_ids):
+            detail = f"nothing after the think-end id at {first} of {len(ids)} ids"
+            found.append(("empty_answer", detail))
+        if start is not None and stats.start_count[i] > self.starts_allowed:
+            detail = (f"{stats.start_count[i]} think-start ids {start} (first at "
+                      f"{ids.index(start)}), the template allows {self.starts_allowed}")
+            found.append(("stray_think_start", detail))
+
+
+def _count_detail(length: int, completion: int) -> str:
+    diff = length - completion
+    hint = " (prepended prompt-suffix ids?)" if diff > 0 else ""
+    return f"len(output_ids) {length} vs completion_tokens {completion} ({diff:+d}){hint}"
+
+
+def _count(ids: list[int] | None) -> str:
+    return "?" if ids is None else str(len(ids))
+
+
+@functools.lru_cache(maxsize=32)
+def _checker(profile: ModelProfile, vocab_size: int | None, reasoning: bool) -> RecordChecker:
+    return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning)
+
+
+def record_problems(
+    row: Row, profile: ModelProfile, vocab_size: int | None = None, *, reasoning: bool = True
+) -> list[tuple[str, str]]:
+    """(rule, detail) for each per-record rule row (read with output ids) fails."""
+    return _checker(profile, vocab_size, reasoning).problems(row)
+
+
+def record_failures(
+    row: Row, profile: ModelProfile, vocab_size: int | None = None, *, reasoning: bool = True
+) -> set[str]:
+    """The ids of the per-record rules row (read with output ids) fails."""
+    return _checker(profile, vocab_size, reasoning).failures(row)
+
+
+def reasoning_expected(profile: ModelProfile, chat_template_kwargs: Mapping[str, Any]) -> bool:
+    """Whether replies should hold reasoning: a reasoning profile, thinking not switched off."""
+    if profile.think_end is None:
+        return False
+    kwarg = profile.thinking_kwarg
+    return not (kwarg is not None and chat_template_kwargs.get(kwarg) is False)
+
+
+RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}
+
+
+def failed_rules(mask: int) -> list[str]:
+    """The per-record rules of a :class:`~workbench.rundir.columns.Columns` ``failed`` mask."""
+    return [rule for rule, bit in RULE_BITS.items() if mask & bit]
+
+
+def rule_bit(rule: str) -> int:
+    """The bit of a per-record rule in a ``failed`` mask (see :func:`failed_rules`)."""
+    return RULE_BITS[rule]

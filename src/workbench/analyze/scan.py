@@ -1,0 +1,298 @@
+"""The one scan of a run: every raw file read once, for validation and for every report.
+
+:func:`scan_run` reads each dataset's raw_responses.jsonl with its output ids, checks every
+record against the per-record rules (:mod:`workbench.analyze.rules`), and keeps per record
+what the reports draw (the :class:`~workbench.rundir.columns.Columns`: counts, finish reason,
+times, the reasoning split, the rules failed) next to the tallies; prompts.jsonl is read
+meanwhile (:mod:`workbench.rundir.prompt_scan`), and the findings of each dataset are built
+from both (:mod:`workbench.analyze.findings`). A report, the stats of that report and the
+explorer then count the very same records.
+
+Large files are cut into byte ranges at line starts and checked by worker processes; every
+range streams its blocks, so memory stays bounded by the block size times the workers (plus
+one small entry per record: its columns, the sample id for the duplicate and orphan rules).
+The scan of each file is cached beside it, and a file that grew is read from where the last
+scan stopped (:mod:`workbench.rundir.columns`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from workbench.analyze.findings import ValidationReport, dataset_report, read_prompt_ids
+from workbench.analyze.rules import (
+    PROBLEM_RULES,
+    RULE_BITS,
+    RecordChecker,
+    Thresholds,
+    reasoning_expected,
+)
+from workbench.errors import DataError
+from workbench.profiles import ModelProfile
+from workbench.rundir.cache import cache_key
+from workbench.rundir.columns import Columns, FileScan, Tally, load_cached, save_cached
+from workbench.rundir.layout import DatasetDir
+from workbench.rundir.records import Block, Row, iter_blocks, paused_gc
+from workbench.rundir.run import RunInfo, load_run
+
+__all__ = ["MIN_RANGE_BYTES", "SCAN_BLOCK_BYTES", "RunScan", "scan_run"]
+
+_MB = 1 << 20
+
+MIN_RANGE_BYTES = 32 * _MB  # a file is cut into ranges of at least this size for the workers
+
+SCAN_BLOCK_BYTES = 256 << 10  # small blocks: the ids are checked while still in the CPU cache
+
+
+@dataclass(frozen=True, slots=True)
+class RunScan:
+    """One scan of a run: its datasets, the model profile, every raw file's
+    :class:`~workbench.rundir.columns.FileScan` (by dataset name) and the validation report."""
+
+    run: RunInfo
+    profile: ModelProfile
+    files: dict[str, FileScan]
+    report: ValidationReport
+
+
+def scan_run(
+    out: str | os.PathLike[str],
+    *,
+    model_profile: str | None = None,
+    thresholds: Thresholds | None = None,
+    only: Sequence[str] = (),
+    vocab_size: int | None = None,
+    workers: int | None = None,
+    cache: bool = True,
+) -> RunScan:
+    """Read every raw file of run directory `out` once: validation and per-record columns.
+
+    The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
+    processes check large files (default: the CPU count, at most 16; 1 checks in-process).
+    With `cache`, each file's scan is kept beside it and only bytes appended since are read
+    (see :mod:`workbench.rundir.columns`). DataError/ConfigError for bad input (not a run,
+    unreadable run.json, unknown profile).
+    """
+    thresholds = thresholds or Thresholds()
+    run = load_run(out, only)
+    profile = run.profile(model_profile)
+    workers = workers or _default_workers()
+    try:
+        files = [_file(ds.raw_path, _dataset_checker(ds, profile, vocab_size), thresholds, cache)
+                 for ds in run.datasets]
+        jobs, owners = _plan_jobs(files, workers)
+        with _job_runner(jobs, workers) as results:
+            prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
+            scans = _merged(results, owners, files)
+        if cache:
+            _save(files, scans, owners)
+    except OSError as exc:
+        raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
+    reports = {ds.name: dataset_report(scan, prompt, thresholds,
+                                        ds.settings.get("budget_reached") is True)
+               for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
+    report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports)
+    return RunScan(run, profile, {ds.name: scan for ds, scan in zip(run.datasets, scans, strict=True)},
+                   report)
+
+
+@dataclass(frozen=True, slots=True)
+class _RangeJob:
+    path: str
+    start: int
+    end: int
+    last: bool
+    checker: RecordChecker
+    max_examples: int
+
+
+def _scan_range(job: _RangeJob) -> FileScan:
+    """Check every record whose line starts in [job.start, job.end); run in a worker.
+
+    The last range reads to the end of the file (a torn last line included); another range
+    stops inside the block that crosses its end, counting that block's lines up to it.
+    """
+    part = FileScan(Tally(job.max_examples), end_offset=job.start if job.last else job.end)
+    blocks = iter_blocks(job.path, offset=job.start, with_output_ids=True,
+                         block_bytes=SCAN_BLOCK_BYTES)
+    with paused_gc():
+        for block in blocks:
+            if not job.last and block.start_offset >= job.end:
+                break
+            lines = block.first_line - 1 + block.lines
+            if not job.last and block.end_offset > job.end:
+                lines = block.first_line - 1 + _count_lines(job.path, block.start_offset, job.end)
+            _scan_block(block, lines, job.checker, part)
+            part.lines = max(part.lines, lines)
+            if job.last:
+                part.end_offset = block.end_offset
+    return part
+
+
+def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan) -> None:
+    """Tally the block's problems and rows up to line `lines` (a torn line after it too),
+    and add the rows' columns."""
+    add = part.tally.add
+    for problem in block.problems:
+        if problem.kind == "torn":
+            part.torn = (problem.line, problem.detail)
+        elif problem.line <= lines:
+            add(PROBLEM_RULES[problem.kind], problem.line, problem.detail)
+    if block.lines:
+        part.blocks.append((block.first_line, block.start_offset))
+    bad_type = {p.line for p in block.problems if p.kind == "bad_type"}
+    rows = [row for row in block.rows if row.line <= lines]
+    part.records += len(rows)
+    found, stats = checker._check(rows)
+    for row, problems in zip(rows, found, strict=True):
+        if row.layout != "flat":
+            add("legacy_layout", row.line, f"{row.layout} layout")
+        for rule, detail in problems:
+            if rule != "missing_field" or row.line not in bad_type:
+                add(rule, row.line, detail)
+    _add_columns(part.columns, rows, found, stats.end_first, checker)
+
+
+def _add_columns(
+    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], end_first: list[int],
+    checker: RecordChecker,
+) -> None:
+    columns.line.extend(row.line for row in rows)
+    columns.sample_id.extend(row.sample_id for row in rows)
+    columns.layout.extend(row.layout for row in rows)
+    columns.prompt_tokens.extend(row.prompt_tokens for row in rows)
+    columns.completion_tokens.extend(row.completion_tokens for row in rows)
+    columns.cached_tokens.extend(row.cached_tokens for row in rows)
+    columns.finish_reason.extend(row.finish_reason for row in rows)
+    columns.ts.extend(row.ts for row in rows)
+    columns.e2e_latency.extend(row.e2e_latency for row in rows)
+    columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
+                              for row in rows)
+    for row, first in zip(rows, end_first, strict=True):
+        reasoning, answer, closed = checker.split(row.output_ids, first)
+        columns.reasoning_tokens.append(reasoning)
+        columns.answer_tokens.append(answer)
+        columns.closed.append(closed)
+    bits = RULE_BITS
+    columns.failed.extend(sum({bits[rule] for rule, _ in problems}) for problems in found)
+
+
+def _count_lines(path: str, start: int, end: int) -> int:
+    """Newlines in bytes [start, end) of path."""
+    count = 0
+    with open(path, "rb") as file:
+        file.seek(start)
+        left = end - start
+        while left > 0 and (data := file.read(min(left, 8 * _MB))):
+            count += data.count(b"\n")
+            left -= len(data)
+    return count
+
+
+def _line_start_at_or_after(file: BinaryIO, position: int, size: int) -> int:
+    """The first line start at or after position (size when none)."""
+    if position <= 0:
+        return 0
+    file.seek(position - 1)
+    offset = position - 1
+    while data := file.read(1 << 16):
+        found = data.find(b"\n")
+        if found >= 0:
+            return offset + found + 1
+        offset += len(data)
+    return size
+
+
+def _plan_ranges(path: Path, parts: int, start: int = 0) -> list[tuple[int, int]]:
+    """About `parts` byte ranges of path from the line start `start`, each at a line start."""
+    size = path.stat().st_size
+    parts = max(1, min(parts, (size - start) // MIN_RANGE_BYTES))
+    with open(path, "rb") as file:
+        cuts = sorted({start, *(_line_start_at_or_after(file, start + (size - start) * k // parts,
+                                                        size) for k in range(1, parts))})
+    cuts = [c for c in cuts if c < size] or [start]
+    return list(zip(cuts, [*cuts[1:], size], strict=True))  # the last one ends at size
+
+
+def _default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+@contextlib.contextmanager
+def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[FileScan]]:
+    """The jobs' scans, in order, as they finish: computed lazily in this process, or
+    started at once in worker processes when that pays (so the caller can work meanwhile)."""
+    if workers <= 1 or len(jobs) <= 1 or sum(j.end - j.start for j in jobs) < MIN_RANGE_BYTES:
+        yield map(_scan_range, jobs)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+        yield pool.map(_scan_range, jobs)
+
+
+class _File(NamedTuple):
+    """A raw file to scan: its checker, its cache key, and what is known of it already."""
+
+    path: Path
+    checker: RecordChecker
+    key: str
+    known: FileScan
+    offset: int
+    cached: bool
+
+
+def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool) -> _File:
+    """The file with its cached scan (when `cache` and one fits), else an empty one."""
+    if path.exists() and not path.is_file():
+        raise DataError(path, "cannot read: not a regular file")
+    key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples)
+    found = load_cached(path, key) if cache else None
+    if found is None:
+        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False)
+    return _File(path, checker, key, found[0], found[1], True)
+
+
+def _plan_jobs(files: Sequence[_File], workers: int) -> tuple[list[_RangeJob], list[int]]:
+    """The range jobs of what is new in the raw files, and the index of each one's file."""
+    jobs: list[_RangeJob] = []
+    owners: list[int] = []
+    for index, file in enumerate(files):
+        if not file.path.is_file() or file.path.stat().st_size <= file.offset:
+            continue
+        ranges = _plan_ranges(file.path, workers, file.offset)
+        for number, (start, end) in enumerate(ranges, start=1):
+            last = number == len(ranges)
+            jobs.append(_RangeJob(str(file.path), start, end, last, file.checker,
+                                  file.known.tally.max_examples))
+            owners.append(index)
+    return jobs, owners
+
+
+def _merged(parts: Iterator[FileScan], owners: list[int], files: Sequence[_File]) -> list[FileScan]:
+    """One scan per file: what was known, then the new parts in order."""
+    merged = [file.known for file in files]
+    for owner, part in zip(owners, parts, strict=True):
+        merged[owner].merge(part)
+    return merged
+
+
+def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) -> None:
+    """Cache every scan that read something new (or had no cache yet)."""
+    for index, (file, scan) in enumerate(zip(files, scans, strict=True)):
+        if file.path.is_file() and (index in owners or not file.cached):
+            save_cached(file.path, file.key, scan, scan.end_offset)
+
+
+def _dataset_checker(
+    ds: DatasetDir, profile: ModelProfile, vocab_size: int | None
+) -> RecordChecker:
+    reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
+    return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning)

@@ -1,0 +1,95 @@
+"""``workbench stats``: a run's statistics as text (or JSON).
+
+Two tables (counts; spread and progress), then notes per dataset. Token columns count
+completion tokens unless named otherwise:
+
+    failed        failed ids still without a record (errors counts failed attempts)
+    missing       records whose completion count cannot be read (never counted as 0)
+    prepared tok  the token ids of prompts.jsonl: what was sent (- for text prompts)
+    length        the share of replies cut at max_new_tokens
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from workbench.analyze.stats import DatasetStats, RunStats, collect_stats
+from workbench.rundir.run import check_run_dir
+from workbench.text import format_count, format_duration, format_rate, format_table
+
+__all__ = ["format_stats_table", "render_stats"]
+
+
+_COUNT_HEADERS = (
+    "dataset", "layout", "records", "errors", "failed", "prompt tok", "completion tok",
+    "cached tok", "missing", "prepared tok",
+)  # fmt: skip
+_PROGRESS_HEADERS = (
+    "dataset", "avg", "p50", "p90", "p99", "max", "length", "tok/s", "req/s", "done/target",
+    "ETA",
+)  # fmt: skip
+
+
+def _count_row(d: DatasetStats) -> list[str]:
+    counts = (
+        d.records, d.errors, d.failed_missing, d.prompt_tokens, d.completion_tokens,
+        d.cached_tokens, d.missing_completion_tokens, d.prepared_prompt_tokens,
+    )  # fmt: skip
+    return [d.name, d.layout, *(format_count(c) for c in counts)]
+
+
+def _progress_row(d: DatasetStats) -> list[str]:
+    spread = (d.avg_completion_tokens, *d.percentiles, d.max_completion_tokens)
+    length = "-" if d.truncation_rate is None else f"{d.truncation_rate:.1%}"
+    target = f"{d.records:,}/{format_count(d.target_records)}"
+    eta = "done" if d.finished else format_duration(d.eta_s)
+    rates = (format_rate(d.tokens_per_s), format_rate(d.requests_per_s))
+    return [d.name, *(format_count(v) for v in spread), length, *rates, target, eta]
+
+
+def _notes(d: DatasetStats) -> list[str]:
+    notes = []
+    if d.finish_reasons:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(d.finish_reasons.items()))
+        notes.append(f"finish reasons: {reasons}")
+    if d.missing_completion_tokens or d.missing_prompt_tokens:
+        notes.append(
+            f"counts missing: completion_tokens in {d.missing_completion_tokens:,}, "
+            f"prompt_tokens in {d.missing_prompt_tokens:,} of {d.records:,} records"
+        )
+    if d.bad_lines:
+        notes.append(f"{d.bad_lines:,} unreadable lines")
+    if d.torn_tail:
+        notes.append("last line incomplete (torn or being written)")
+    return notes
+
+
+def format_stats_table(stats: RunStats) -> str:
+    """The readable form of ``workbench stats``: counts, then spread and progress, then notes.
+
+    Token columns count completion tokens unless named otherwise; ``missing`` is records
+    without a completion count, ``length`` the truncation rate.
+    """
+    every = [*stats.datasets.values(), stats.total]
+    lines = [
+        format_table(_COUNT_HEADERS, [_count_row(d) for d in every], left=2),
+        "",
+        format_table(_PROGRESS_HEADERS, [_progress_row(d) for d in every]),
+        "",
+    ]
+    for d in stats.datasets.values():
+        lines += [f"{d.name}: {note}" for note in _notes(d)]
+    lines.append(f"rates over the last {format_duration(stats.window)} of record timestamps")
+    return "\n".join(lines)
+
+
+def render_stats(
+    out: str | os.PathLike[str], *, as_json: bool = False, now: float | None = None
+) -> str:
+    """What ``workbench stats OUT [--json]`` prints; InputError for a directory that is no run."""
+    check_run_dir(out)
+    stats = collect_stats(out, now=now)
+    if as_json:
+        return json.dumps(stats.to_dict(), indent=2)
+    return format_stats_table(stats)

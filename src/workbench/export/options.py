@@ -1,0 +1,90 @@
+"""What an export is asked for and what it did: the options, and per dataset the rows
+written and the records dropped (by reason, in :data:`DROP_REASONS` order)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+from workbench.analyze.rules import RECORD_RULES
+from workbench.export.trainers import TrainerReport
+
+__all__ = ["DROP_REASONS", "DatasetExport", "ExportFormat", "ExportOptions", "ExportSummary",
+           "ReasoningCarry"]
+
+ExportFormat: TypeAlias = Literal["tokens", "conversations"]
+
+ReasoningCarry: TypeAlias = Literal["auto", "field", "inline"]
+
+SampleId: TypeAlias = int | str
+
+DROP_REASONS: tuple[str, ...] = (
+    "parse_error", "torn_line", "missing_field", "duplicate_sample_id", "orphan_response",
+    *(rule for rule in RECORD_RULES if rule != "missing_field"),
+    "prompt_tokens_mismatch", "limit",
+)
+
+
+class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What to export; the CLI flags map one to one onto these fields.
+
+    `drop`: ids of validate.RECORD_RULES whose failing records are left out ("truncated"
+    for --drop-truncated). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
+    datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
+    prompts, conversations); `trust_remote_code` lets it run the directory's own code.
+    `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
+    `max_length`: count the rows it would cut instead of proposing one that fits.
+    `reasoning`: conversations carry the reasoning as `reasoning_content` ("field"), in
+    `content` between the model's think tags ("inline"), or per row the first of these two
+    whose rendering with the chat template gives back the generated ids, else "field"
+    ("auto"); `keep_truncated` keeps replies cut at max_new_tokens in conversations.
+    """
+
+    format: ExportFormat = "tokens"
+    only: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    limit: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    model_profile: str | None = None
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+    trainer: str | None = None
+    max_length: int | None = None
+    reasoning: ReasoningCarry = "auto"
+    keep_truncated: bool = False
+
+    def drop_rules(self) -> tuple[str, ...]:
+        """The rules whose failing records are left out: conversations also leave out
+        truncated replies (they cannot be a finished turn) unless `keep_truncated`."""
+        if self.format == "conversations" and not self.keep_truncated:
+            return tuple(dict.fromkeys((*self.drop, "truncated")))
+        return self.drop
+
+
+class DatasetExport(msgspec.Struct):
+    """Rows written and records dropped (by reason) for one dataset; `trimmed` counts
+    outputs whose prepended prompt-suffix ids were removed; `exact` (conversations) the rows
+    whose re-rendering with the tokenizer's chat template gives back the generated ids."""
+
+    written: int = 0
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)
+    trimmed: int = 0
+    exact: int | None = None
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + count
+
+
+class ExportSummary(msgspec.Struct):
+    path: str
+    format: ExportFormat
+    rows: int
+    seconds: float
+    datasets: dict[str, DatasetExport]
+    trainer: TrainerReport | None = None
+
+    def to_builtins(self) -> dict[str, Any]:
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data

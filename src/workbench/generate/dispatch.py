@@ -1,0 +1,454 @@
+"""Sending a plan's prompts: requests in flight, retries, the outage gate, and the writer.
+
+One :class:`Runner` sends every pending prompt of a :class:`~workbench.generate.plan.Plan`
+through one `SGLangClient`:
+
+- Slots: every request holds one of the run's slots (:class:`~workbench.generate.concurrency.Slots`:
+  a fixed cap or `auto`), a request with a prompt over ``long_threshold`` tokens also one of
+  the long ones. Short and long prompts are fed by two producers, so a waiting long prompt
+  never stalls the pipeline, which stays full across dataset boundaries.
+- Budgets: under ``max_tokens``, a request is sent only while the finished completion
+  tokens plus the projected tokens of the requests in flight and of the new one fit the
+  budget (:mod:`workbench.generate.budget`); when nothing is in flight and not even one
+  more fits, the budget is reached. In-flight requests always finish and are kept.
+- Retries: exponential backoff with jitter for retryable errors, up to ``max_attempts``;
+  every failed attempt is an ``errors.jsonl`` line (a failed request is data, never a crash
+  of the run). A bad request is not retried.
+- Outage: a connection failure pauses every request until the server answers ``/health``
+  again (a restart, a crash), so an outage does not spend the prompts' attempts; after
+  ``server_wait`` seconds without an answer the run stops as if interrupted.
+- Stop: :meth:`Runner.request_stop` (first Ctrl-C) stops sending and lets in-flight
+  requests finish within a grace period; a second call cancels them. Records are appended
+  as whole lines either way.
+- run.json: written when the run opens, whenever the concurrency cap moved (its history,
+  for the monitor) and when the run ends (which budgets stopped their dataset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from workbench.config import Manifest
+from workbench.errors import ConnectionLost, RequestFailed
+from workbench.generate.budget import BudgetProjection
+from workbench.generate.concurrency import ServerReading, Slots, read_servers
+from workbench.generate.plan import (
+    GenerateOptions,
+    Plan,
+    PlannedDataset,
+    ServerFacts,
+    model_name,
+)
+from workbench.generate.progress import DatasetProgress, RunSummary
+from workbench.generate.prompts import Prompt
+from workbench.rundir.manifest import with_session, write_manifest
+from workbench.rundir.records import ErrorRecord, JsonlAppender, Record
+from workbench.server.client import GenerateResult, SGLangClient, api_key_from_env, redact_url
+from workbench.text import format_duration
+
+__all__ = ["Runner"]
+
+
+class _ServerGate:
+    """Open while the server answers; closed by a connection failure until `/health` answers.
+
+    One prober coroutine polls `/health` with a growing interval (0.5 s to 10 s) and reports the
+    outage through `say`; after `wait_limit` seconds it calls `give_up` and opens the gate.
+    """
+
+    def __init__(self, client: SGLangClient, say: Callable[[str], None], wait_limit: float,
+                 give_up: Callable[[], None]) -> None:
+        self.client = client
+        self.say = say
+        self.wait_limit = wait_limit
+        self.give_up = give_up
+        self._open = asyncio.Event()
+        self._open.set()
+        self._prober: asyncio.Task[None] | None = None
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+    def close(self) -> None:
+        if self._open.is_set():
+            self._open.clear()
+            self._prober = asyncio.create_task(self._probe())
+
+    def release(self) -> None:
+        """Let every waiter go (the run is stopping) and stop probing."""
+        self._open.set()
+        if self._prober is not None:
+            self._prober.cancel()
+
+    async def _probe(self) -> None:
+        """Silent when the server answers at once (one dropped connection); else the outage
+        is reported when it starts, every minute, and when it ends."""
+        started = time.perf_counter()
+        if await self.client.health():
+            self._open.set()
+            return
+        self.say(f"server unreachable at {redact_url(self.client.base_url)}: "
+                 "requests paused until it answers /health")
+        delay, next_note = 0.5, started + 60
+        while not await self.client.health():
+            waited = time.perf_counter() - started
+            if waited > self.wait_limit:
+                self.say(f"server unreachable for {format_duration(waited)}: "
+                         "stopping (resume later)")
+                self.give_up()
+                self._open.set()
+                return
+            if time.perf_counter() >= next_note:
+                self.say(f"server still unreachable after {format_duration(waited)}")
+                next_note += 60
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        self.say(f"server answers again after {format_duration(time.perf_counter() - started)}: "
+                 "requests resume")
+        self._open.set()
+
+
+@dataclass(slots=True)
+class _Dataset:
+    """A planned dataset while it is sent: its appenders and its budget's projection."""
+
+    planned: PlannedDataset
+    raw: JsonlAppender
+    errors: JsonlAppender
+    budget: BudgetProjection
+
+    @property
+    def name(self) -> str:
+        return self.planned.spec.name
+
+    @property
+    def progress(self) -> DatasetProgress:
+        return self.planned.progress
+
+    def close(self) -> None:
+        self.raw.close()
+        self.errors.close()
+
+
+class Runner:
+    """One generation run. Build it, :meth:`load`, :meth:`check_resume`, :meth:`open`, then
+    ``await runner.run()``; :meth:`request_stop` from signal handlers."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        client: SGLangClient,
+        out: Path | str,
+        options: GenerateOptions = GenerateOptions(),
+        *,
+        on_progress: Callable[[Runner], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.out = Path(out)
+        self.options = options
+        self.on_progress = on_progress
+        self.on_event = on_event or (lambda message: None)
+        self.plan = Plan(manifest, self.out, options, say=self.on_event)
+        self.slots = Slots(options.concurrency or manifest.concurrency or "auto",
+                           options.long_concurrency, self._read_servers,
+                           interval=options.auto_interval, on_mode=self.on_event)
+        self.datasets: dict[str, _Dataset] = {}
+        self.retries = 0
+        self.dropped = 0
+        self.stop_requests = 0
+        self._rng = random.Random(options.seed)
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._workers: dict[str, SGLangClient] = {}
+        self._wakeups: list[asyncio.Event] = []
+        self._server: ServerFacts | None = None
+        self._written_limit: int | None = None
+        self._gate: _ServerGate | None = None
+        self._session = time.time()
+
+    # ----------------------------------------------------------------- preparation
+    def load(self) -> None:
+        """Load every dataset's prompts (bad input fails here, before any server is asked)."""
+        self.plan.load()
+
+    def check_resume(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """ResumeMismatch when the run in `out` was made with another model or sampling."""
+        self.plan.check_resume(model_name(server_info, model_info))
+
+    def first_prompt(self) -> Prompt | None:
+        return self.plan.first_prompt()
+
+    def open(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
+        """Prepare the dataset folders, write run.json and open the appenders (after load)."""
+        for planned in self.plan.open():
+            folder = planned.folder
+            self.datasets[planned.spec.name] = _Dataset(
+                planned, JsonlAppender(folder.raw_path), JsonlAppender(folder.errors_path),
+                BudgetProjection(planned.sampling.max_new_tokens))
+        self._server = ServerFacts(redact_url(self.client.base_url),
+                                   model_name(server_info, model_info), server_info, model_info)
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        assert self._server is not None
+        record = self.plan.manifest_record(self._server, self.slots.record())
+        write_manifest(self.out, with_session(record, self.plan.previous, self._session))
+
+    # ----------------------------------------------------------------- running
+    def request_stop(self) -> None:
+        """First call: stop sending, let in-flight requests finish. Second call: cancel them."""
+        self.stop_requests += 1
+        self._stop.set()
+        if self._gate is not None:
+            self._gate.release()
+        if self.stop_requests >= 2:
+            for task in list(self._tasks):
+                task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def concurrency(self) -> int:
+        """The cap on requests in flight right now."""
+        return self.slots.limit
+
+    def concurrency_text(self) -> str:
+        """`concurrency 96 (auto, metrics)` or `concurrency 150 (fixed)`."""
+        return self.slots.text()
+
+    def progress(self) -> list[DatasetProgress]:
+        return [ds.progress for ds in self.datasets.values()]
+
+    async def _read_servers(self) -> list[ServerReading] | None:
+        return await read_servers(self.client, self._worker_client)
+
+    def _worker_client(self, url: str) -> SGLangClient:
+        if url not in self._workers:
+            self._workers[url] = SGLangClient(url, api_key=api_key_from_env(), timeout=10.0)
+        return self._workers[url]
+
+    async def run(self) -> RunSummary:
+        """Send every pending prompt; returns when all are done, or after a stop."""
+        started = time.perf_counter()
+        steering = self.slots.start()
+        self._gate = _ServerGate(self.client, self.on_event, self.options.server_wait,
+                                 self.request_stop)
+        for ds in self.datasets.values():
+            ds.progress.started = time.perf_counter()
+        reporter = asyncio.create_task(self._report_loop())
+        try:
+            await asyncio.gather(self._produce(long=False), self._produce(long=True))
+            await self._drain()
+        finally:
+            reporter.cancel()
+            if steering is not None:
+                steering.cancel()
+                await asyncio.gather(steering, return_exceptions=True)
+            for worker in self._workers.values():
+                await worker.aclose()
+            self._gate.release()
+            self._close()
+        self._emit_progress()
+        return RunSummary(
+            datasets={name: ds.progress for name, ds in self.datasets.items()},
+            interrupted=self.stopping, wall_seconds=time.perf_counter() - started,
+            retries=self.retries, dropped=self.dropped,
+        )
+
+    def _queue(self, *, long: bool) -> list[tuple[_Dataset, Prompt]]:
+        threshold = self.options.long_threshold
+        return [(ds, p) for ds in self.datasets.values() for p in ds.planned.pending
+                if (p.prompt_tokens > threshold) == long]
+
+    async def _produce(self, *, long: bool) -> None:
+        """Start requests in queue order; prompts held back by a token budget are retried
+        each time a request finishes, so other datasets keep the pipeline full meanwhile."""
+        wakeup = asyncio.Event()
+        self._wakeups.append(wakeup)
+        deferred = await self._send_all(self._queue(long=long), long)
+        while deferred and not self.stopping:
+            await wakeup.wait()
+            wakeup.clear()
+            deferred = await self._send_all(deferred, long)
+
+    async def _send_all(self, items: list[tuple[_Dataset, Prompt]],
+                        long: bool) -> list[tuple[_Dataset, Prompt]]:
+        """Send what fits; return the prompts whose dataset's budget says wait."""
+        deferred: list[tuple[_Dataset, Prompt]] = []
+        gated: set[str] = set()
+        for ds, prompt in items:
+            if self.stopping:
+                break
+            if ds.progress.budget_reached:
+                continue
+            if ds.name in gated or not self._budget_allows(ds) or not await self._send(ds, prompt, long):
+                gated.add(ds.name)
+                deferred.append((ds, prompt))
+        return [(ds, prompt) for ds, prompt in deferred if not ds.progress.budget_reached]
+
+    def _budget_allows(self, ds: _Dataset) -> bool:
+        """One more request fits the token budget with the projected tokens of those in
+        flight (`BudgetProjection`); when none is in flight and it does not fit, the budget
+        is reached."""
+        p = ds.progress
+        if p.max_tokens is None:
+            return True
+        if p.budget_reached:
+            return False
+        if ds.budget.fits(p.completion_tokens, p.max_tokens, time.perf_counter()):
+            return True
+        p.budget_closed = p.in_flight == 0
+        return False
+
+    async def _send(self, ds: _Dataset, prompt: Prompt, long: bool) -> bool:
+        """Start one request; False (nothing started) when the budget now says wait."""
+        await self.slots.acquire(long)
+        if self.stopping or ds.progress.budget_reached or not self._budget_allows(ds):
+            self.slots.release(long)
+            return self.stopping or ds.progress.budget_reached
+        ds.progress.in_flight += 1
+        ds.budget.start(prompt.sample_id, time.perf_counter())
+        task = asyncio.create_task(self._work(ds, prompt, long))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests; after a stop, for at most the grace period."""
+        stop_waiter = asyncio.create_task(self._stop.wait())
+        try:
+            while self._tasks and not self.stopping:
+                await asyncio.wait([*self._tasks, stop_waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_waiter.cancel()
+        if not self._tasks:
+            return
+        _done, still = await asyncio.wait(list(self._tasks), timeout=self.options.grace_period)
+        for task in still:
+            task.cancel()
+        await asyncio.gather(*still, return_exceptions=True)
+
+    def _payload(self, ds: _Dataset, prompt: Prompt, attempt: int) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "sampling_params": ds.planned.sampling.to_sglang(),
+            "rid": f"{ds.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}",
+        }
+        if prompt.input_ids is not None:
+            payload["input_ids"] = prompt.input_ids
+        else:
+            payload["text"] = prompt.text
+        return payload
+
+    async def _work(self, ds: _Dataset, prompt: Prompt, long: bool) -> None:
+        """Send one prompt, retrying retryable failures; holds a slot only while a request runs."""
+        holding = True
+        settled = False  # recorded, or failed for good; else dropped by a stop
+        try:
+            for attempt in range(1, self.options.max_attempts + 1):
+                if attempt > 1:
+                    await self._sleep_unless_stopped(self._backoff(attempt - 1))
+                    if self.stopping:
+                        return
+                    await self.slots.acquire(long)
+                    holding = True
+                assert self._gate is not None
+                await self._gate.wait()
+                if self.stopping:
+                    return
+                error = await self._attempt(ds, prompt, attempt)
+                if error is None:
+                    settled = True
+                    return
+                self.slots.release(long)
+                holding = False
+                if not error.retryable or attempt == self.options.max_attempts:
+                    ds.progress.failed_ids += 1
+                    ds.progress.failed_samples.append(prompt.sample_id)
+                    settled = True
+                    return
+                self.retries += 1
+        finally:
+            ds.progress.in_flight -= 1
+            self.dropped += not settled
+            ds.budget.finish(prompt.sample_id, time.perf_counter(), None)
+            if holding:
+                self.slots.release(long)
+            for wakeup in self._wakeups:
+                wakeup.set()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _attempt(self, ds: _Dataset, prompt: Prompt, attempt: int) -> RequestFailed | None:
+        try:
+            result = await self.client.generate(self._payload(ds, prompt, attempt))
+        except RequestFailed as exc:
+            ds.progress.errors += 1
+            ds.errors.append(ErrorRecord(
+                sample_id=prompt.sample_id, attempt=attempt, error_type=exc.error_type,
+                http_status=exc.http_status, message=str(exc)[:1000], ts=time.time(),
+            ))
+            if isinstance(exc, ConnectionLost) and self._gate is not None:
+                self._gate.close()
+            elif exc.retryable:
+                self.slots.failed()
+            return exc
+        self._record(ds, prompt, result)
+        return None
+
+    def _record(self, ds: _Dataset, prompt: Prompt, result: GenerateResult) -> None:
+        ds.raw.append(Record(
+            sample_id=prompt.sample_id, output_ids=result.output_ids,
+            prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+            cached_tokens=result.cached_tokens, finish_reason=result.finish_reason,
+            matched_stop=result.matched_stop, e2e_latency=result.e2e_latency, ts=time.time(),
+            num_retractions=(msgspec.UNSET if result.num_retractions is None
+                             else result.num_retractions),
+        ))
+        ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
+        self.slots.finished(result.completion_tokens)
+        p = ds.progress
+        p.done += 1
+        p.done_this_run += 1
+        p.completion_tokens += result.completion_tokens
+        p.tokens_this_run += result.completion_tokens
+        if p.done >= p.target:
+            p.finished = time.perf_counter()
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.options.backoff_cap, self.options.backoff_base * 2 ** (attempt - 1))
+        return base * self._rng.uniform(0.5, 1.5)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.progress_interval)
+            self._emit_progress()
+            if self._server is not None and self.concurrency != self._written_limit:
+                self._written_limit = self.concurrency
+                self._write_manifest()  # the concurrency's history, for the monitor
+
+    def _emit_progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self)
+
+    def _close(self) -> None:
+        now = time.perf_counter()
+        for ds in self.datasets.values():
+            if ds.progress.finished is None and (not ds.planned.pending or ds.progress.budget_reached):
+                ds.progress.finished = now
+            ds.close()
+        if self._server is not None:
+            self._write_manifest()  # records which budgets stopped their dataset

@@ -1,0 +1,305 @@
+"""What a generation run sends: datasets, prompts, order, budgets, and the resume check.
+
+Nothing here awaits: a :class:`Plan` is built and checked before any request is sent, and
+bad input fails before anything is written.
+
+- Datasets: the manifest's, or those of ``--only`` (ConfigError naming an unknown one).
+- Prompts: every row of each dataset's file (:mod:`workbench.generate.prompts`); with a
+  sample cap in file order, the first ones only.
+- Order: a dataset's prompts go out in a seeded random order (``order: random``, the
+  default; the seed is ``order_seed`` in run.json, kept on resume), or in file order
+  (``order: file``), so a budget keeps a fair subset of a sorted or grouped file.
+- Budgets: ``max_samples`` takes the first prompts of the send order (plus any finished
+  before: a resumed run keeps what it has); ``max_tokens`` is the dispatcher's to keep
+  (:mod:`workbench.generate.budget`).
+- Resume (the default): finished ``sample_id``s are not sent again; a torn last line is put
+  aside (``raw_responses.jsonl.torn``); a run made with another model or other sampling
+  parameters is refused (ResumeMismatch; ``--force`` resumes anyway). ``--no-resume`` moves
+  the earlier files aside (``*.bak``).
+- run.json: what :meth:`Plan.manifest` returns, written by the dispatcher through
+  :mod:`workbench.rundir.manifest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+from workbench import __version__
+from workbench.config import DatasetSpec, Manifest, Sampling
+from workbench.errors import ConfigError, DataError, ResumeMismatch
+from workbench.generate.progress import DatasetProgress
+from workbench.generate.prompts import Prompt, load_prompts
+from workbench.profiles import ModelProfile, get_profile
+from workbench.rundir.files import set_aside, write_lines_atomic
+from workbench.rundir.layout import RAW_FILE, TORN_SUFFIX, DatasetDir
+from workbench.rundir.manifest import dataset_entries, manifest_path, read_manifest
+from workbench.rundir.records import PromptRecord, encode_line, iter_blocks, repair_torn_tail
+from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
+
+__all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "model_name", "send_order"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateOptions:
+    """Run-wide settings; the CLI flags map one to one onto these fields."""
+
+    concurrency: int | str | None = None  # N (a cap), "auto", None: the manifest's, else auto
+    long_concurrency: int = 16
+    long_threshold: int = 4096
+    only: tuple[str, ...] = ()
+    max_samples: int | None = None
+    max_tokens_per_dataset: int | None = None
+    max_new_tokens: int | None = None
+    resume: bool = True
+    force: bool = False
+    max_attempts: int = 5
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    grace_period: float = 30.0
+    progress_interval: float = 5.0
+    seed: int | None = None
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    preflight: bool = False
+    server_wait: float = 3600.0
+    auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
+
+
+class ServerFacts(NamedTuple):
+    """What run.json records of the server: its URL without credentials, the model it
+    serves, its /server_info and /model_info."""
+
+    url: str
+    model: str
+    info: Mapping[str, Any]
+    model_info: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class PlannedDataset:
+    """One dataset ready to send: this run's prompts (file order), those still to send
+    (send order), its folder and its counters."""
+
+    spec: DatasetSpec
+    sampling: Sampling
+    folder: DatasetDir
+    prompts: list[Prompt]
+    pending: list[Prompt]
+    progress: DatasetProgress
+
+
+def send_order(prompts: list[Prompt], order: str, seed: int, name: str) -> list[Prompt]:
+    """The prompts in the order they are sent: the file's, or shuffled by `seed` and the
+    dataset's name (the same order for the same seed, whatever else the run holds)."""
+    ordered = list(prompts)
+    if order != "file":
+        random.Random(f"{seed}/{name}").shuffle(ordered)
+    return ordered
+
+
+def model_name(server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> str:
+    """The served model as run.json records it."""
+    return str(model_info.get("model_path") or server_info.get("model_path") or "unknown")
+
+
+def _limit(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _done(folder: DatasetDir) -> tuple[set[int | str], int]:
+    """Finished sample ids and their completion tokens in the dataset's raw file."""
+    ids: set[int | str] = set()
+    tokens = 0
+    if not folder.raw_path.exists():
+        return ids, tokens
+    for block in iter_blocks(folder.raw_path):
+        for row in block.rows:
+            if row.sample_id is not None and row.sample_id not in ids:
+                ids.add(row.sample_id)
+                tokens += row.completion_tokens or 0
+    return ids, tokens
+
+
+def _write_prompts(folder: DatasetDir, prompts: list[Prompt]) -> None:
+    """prompts.jsonl: the prepared prompts as sent, written whole."""
+    lines = (encode_line(PromptRecord(p.sample_id, input_ids=p.input_ids, text=p.text))
+             for p in prompts)
+    write_lines_atomic(folder.prompts_path, lines)
+
+
+class Plan:
+    """The datasets of one run and what to send of each (see the module docstring).
+
+    Call :meth:`load`, then :meth:`check_resume`, then :meth:`open` (which writes the
+    dataset folders); `say` gets one line for each thing done to an earlier run's files.
+    """
+
+    def __init__(self, manifest: Manifest, out: Path, options: GenerateOptions,
+                 say: Callable[[str], None] = lambda message: None) -> None:
+        self.manifest = manifest
+        self.out = out
+        self.options = options
+        self.say = say
+        self.order_seed = 0
+        self.previous: dict[str, Any] = {}
+        self.datasets: dict[str, PlannedDataset] = {}
+        self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
+
+    def selected_specs(self) -> list[DatasetSpec]:
+        """The manifest's datasets, narrowed to ``--only``."""
+        specs = self.manifest.datasets
+        if not self.options.only:
+            return list(specs)
+        names = {s.name for s in specs}
+        unknown = [n for n in self.options.only if n not in names]
+        if unknown:
+            known = ", ".join(sorted(names))
+            raise ConfigError("--only", f"unknown dataset {unknown[0]!r} (known: {known})")
+        return [s for s in specs if s.name in self.options.only]
+
+    def load(self) -> None:
+        """Load every dataset's prompts (bad input fails here, before any server is asked)."""
+        profile = get_profile(self.manifest.model_profile)
+        self._loaded = [(spec, self._sampling(spec), self._prompts(spec, profile))
+                        for spec in self.selected_specs()]
+
+    def _sampling(self, spec: DatasetSpec) -> Sampling:
+        sampling = self.manifest.sampling_for(spec)
+        if self.options.max_new_tokens is not None:
+            sampling = msgspec.structs.replace(sampling, max_new_tokens=self.options.max_new_tokens)
+        return sampling
+
+    def _prompts(self, spec: DatasetSpec, profile: ModelProfile) -> list[Prompt]:
+        """With a sample cap in file order, the first prompts; else the whole file (a cap
+        in random order draws from all of it)."""
+        cap = _limit(spec.max_samples, self.options.max_samples)
+        if spec.order == "file" or cap is None:
+            return load_prompts(spec, profile, limit=cap)
+        return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile)
+
+    def first_prompt(self) -> Prompt | None:
+        """The first loaded prompt (for a preflight request), if any."""
+        return next((prompts[0] for _spec, _sampling, prompts in self._loaded if prompts), None)
+
+    def check_resume(self, model: str) -> None:
+        """ResumeMismatch when the run in `out` was made with another model or sampling."""
+        if not self.options.resume or self.options.force or not self.out.is_dir():
+            return
+        previous = read_manifest(self.out)
+        if not previous:
+            return
+        path = manifest_path(self.out)
+        old_model = previous.get("model")
+        if old_model and old_model != model:
+            raise ResumeMismatch(
+                f"{path}: the run was made with model {old_model!r}, the server now serves "
+                f"{model!r} (use --force to resume anyway, or another --out)")
+        entries = dataset_entries(previous)
+        for spec, sampling, _prompts in self._loaded:
+            old, new = entries.get(spec.name, {}).get("sampling"), msgspec.to_builtins(sampling)
+            if old is not None and old != new:
+                raise ResumeMismatch(
+                    f"{path}: datasets.{spec.name}.sampling changed from {old} to {new} "
+                    "(use --force to resume anyway, or another --out)")
+
+    def open(self) -> list[PlannedDataset]:
+        """Prepare every dataset folder (after :meth:`load`): earlier files moved aside
+        (no resume) or their torn tails put aside, finished ids read, prompts.jsonl written."""
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(self.out, f"cannot create the output directory: {exc.strerror}") from None
+        self.previous = read_manifest(self.out)
+        self.order_seed = self._order_seed()
+        for spec, sampling, prompts in self._loaded:
+            self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
+        return list(self.datasets.values())
+
+    def _order_seed(self) -> int:
+        """The previous run's seed on resume (the same order, the same subset), else
+        ``options.seed``, else a fresh one."""
+        seed = self.previous.get("order_seed") if self.options.resume else None
+        if isinstance(seed, int):
+            return seed
+        if self.options.seed is not None:
+            return self.options.seed
+        return random.SystemRandom().randrange(2**31)
+
+    def _open_dataset(self, spec: DatasetSpec, sampling: Sampling,
+                      prompts: list[Prompt]) -> PlannedDataset:
+        folder = DatasetDir(spec.name, self.out / spec.name)
+        folder.folder.mkdir(parents=True, exist_ok=True)
+        if not self.options.resume:
+            for path in (folder.raw_path, folder.errors_path):
+                moved = set_aside(path)
+                if moved:
+                    self.say(f"[{spec.name}] --no-resume: moved {path.name} to {moved.name}")
+        torn = repair_torn_tail(folder.raw_path)
+        if torn:
+            self.say(f"[{spec.name}] moved a torn last line ({torn} bytes) to {RAW_FILE}{TORN_SUFFIX}")
+        done_ids, done_tokens = _done(folder)
+        prompts, pending = self._draw(spec, prompts, done_ids)
+        _write_prompts(folder, prompts)
+        progress = DatasetProgress(
+            name=spec.name, target=len(prompts),
+            max_tokens=_limit(spec.max_tokens, self.options.max_tokens_per_dataset),
+            done=sum(1 for p in prompts if p.sample_id in done_ids), completion_tokens=done_tokens)
+        return PlannedDataset(spec, sampling, folder, prompts, pending, progress)
+
+    def _draw(self, spec: DatasetSpec, prompts: list[Prompt],
+              done_ids: set[int | str]) -> tuple[list[Prompt], list[Prompt]]:
+        """(the dataset's prompts of this run in file order, those still to send in send
+        order): a sample cap keeps the first ones of the send order, plus any finished
+        before (a resumed run keeps what it has)."""
+        ordered = send_order(prompts, spec.order or "random", self.order_seed, spec.name)
+        cap = _limit(spec.max_samples, self.options.max_samples)
+        if cap is None or cap >= len(prompts):
+            return prompts, [p for p in ordered if p.sample_id not in done_ids]
+        kept = {p.sample_id for p in ordered[:cap]} | done_ids
+        done = sum(1 for p in prompts if p.sample_id in done_ids)
+        pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
+        return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
+
+    def manifest_record(self, server: ServerFacts, concurrency: Mapping[str, Any]) -> dict[str, Any]:
+        """run.json as it stands now (`concurrency`: the cap's record); the entries of
+        datasets an earlier run wrote and this one does not send are kept."""
+        datasets = dict(dataset_entries(self.previous))
+        for name, ds in self.datasets.items():
+            datasets[name] = self._dataset_record(ds)
+        return {
+            "workbench_version": __version__,
+            "created": self.previous.get("created", time.time()),
+            "updated": time.time(),
+            "server_url": server.url,
+            "model": server.model,
+            "model_profile": self.manifest.model_profile,
+            "manifest_file": str(Path(self.manifest.source).resolve()),
+            "server_info": dict(server.info),
+            "model_info": dict(server.model_info),
+            "options": dataclasses.asdict(self.options),
+            "order_seed": self.order_seed,
+            "concurrency": dict(concurrency),
+            "datasets": datasets,
+        }
+
+    def _dataset_record(self, ds: PlannedDataset) -> dict[str, Any]:
+        spec = ds.spec
+        return {
+            "path": spec.path, "input": spec.input, "prompts": len(ds.prompts),
+            "max_samples": _limit(spec.max_samples, self.options.max_samples),
+            "max_tokens": ds.progress.max_tokens,
+            "sampling": msgspec.to_builtins(ds.sampling),
+            "id_field": spec.id_field,
+            "tokenizer": spec.tokenizer,
+            "chat_template_kwargs": dict(spec.chat_template_kwargs),
+            "budget_reached": ds.progress.budget_reached,
+            "order": spec.order or "random",
+        }

@@ -1,0 +1,132 @@
+"""One generation session: the server probed, the run directory locked, the plan sent.
+
+:func:`run_generation` is the one call the CLI, the demo and notebooks use: it loads the
+prompts (bad input fails before any server is asked), reads the server's ``/server_info``
+and ``/model_info`` (an unreachable server raises ServerUnreachable), checks the resume,
+sends one 1-token preflight request when asked (a reply that is not SGLang's shape, or a
+refused request, fails the run before anything is written), then holds the run
+directory's writer lock while it runs. :func:`run_with_view` does the same under
+``asyncio.run`` with Ctrl-C / SIGTERM handling and a progress view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Manifest
+from workbench.errors import BadRequest, ProtocolError, RequestFailed
+from workbench.generate.dispatch import Runner
+from workbench.generate.plan import GenerateOptions
+from workbench.generate.progress import RunSummary
+from workbench.generate.prompts import Prompt
+from workbench.generate.views import View
+from workbench.rundir.lock import hold_run_lock
+from workbench.server.client import SGLangClient, api_key_from_env, request_timeout
+
+__all__ = ["preflight", "probe_server", "run_generation", "run_with_view"]
+
+
+async def preflight(client: SGLangClient, prompt: Prompt, *, attempts: int = 3) -> None:
+    """One request of one token built from `prompt`, before anything is written.
+
+    A reply that is not SGLang's shape (ProtocolError) or a refused request (BadRequest: 401,
+    404, ...) raises: every request of the run would fail the same way. Retryable failures
+    are tried `attempts` times, then left to the run's own retries.
+    """
+    payload: dict[str, Any] = {
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "rid": f"workbench-preflight-{random.getrandbits(64):016x}",
+    }
+    if prompt.input_ids is not None:
+        payload["input_ids"] = prompt.input_ids[:1]
+    else:
+        payload["text"] = (prompt.text or " ")[:64]
+    for attempt in range(attempts):
+        try:
+            await client.generate(payload)
+            return
+        except (BadRequest, ProtocolError):
+            raise
+        except RequestFailed:
+            await asyncio.sleep(0.5 * 2**attempt)
+
+
+async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`/server_info` and `/model_info` snapshots; an unreachable server raises ServerUnreachable."""
+    server_info = await client.server_info()
+    try:
+        model_info = await client.model_info()
+    except RequestFailed:
+        model_info = {}
+    return server_info, model_info
+
+
+async def run_generation(
+    manifest: Manifest,
+    client: SGLangClient,
+    out: Path | str,
+    options: GenerateOptions = GenerateOptions(),
+    *,
+    on_start: Callable[[Runner], None] | None = None,
+    on_progress: Callable[[Runner], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Load the prompts, probe the server, prepare the output directory and run; the one call
+    the CLI and notebooks use.
+
+    `on_start` receives the prepared runner (e.g. to install signal handlers calling
+    `runner.request_stop`).
+    """
+    runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
+    runner.load()
+    server_info, model_info = await probe_server(client)
+    runner.check_resume(server_info, model_info)
+    first = runner.first_prompt()
+    if options.preflight and first is not None:
+        await preflight(client, first)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with hold_run_lock(out):  # held while writing: a second writer is refused, the monitor sees it
+        runner.open(server_info, model_info)
+        if on_start is not None:
+            on_start(runner)
+        return await runner.run()
+
+
+def _install_stop_signals(runner: Runner, say: Callable[[str], None]) -> None:
+    """SIGINT and SIGTERM: the first stops sending (and says so), the second stops at once."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        runner.request_stop()
+        if runner.stop_requests == 1:
+            say("stopping: letting in-flight requests finish (signal again to stop now)")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
+def run_with_view(manifest: Manifest, server: str, out: Path, options: GenerateOptions,
+                  view: View, say_stopping: Callable[[str], None]) -> RunSummary:
+    """A whole session under ``asyncio.run``: its own client (the API key from the
+    environment), signal handling (`say_stopping` gets the note of a first signal) and the
+    view's updates; the view is stopped however the run ends."""
+    timeout = request_timeout(options.request_timeout)
+
+    def on_start(runner: Runner) -> None:
+        _install_stop_signals(runner, say_stopping)
+        view.start(runner)
+
+    async def go() -> RunSummary:
+        async with SGLangClient(server, api_key=api_key_from_env(), timeout=timeout) as client:
+            return await run_generation(manifest, client, out, options, on_start=on_start,
+                                        on_progress=view.update, on_event=view.event)
+
+    try:
+        return asyncio.run(go())
+    finally:
+        view.stop()

@@ -1,0 +1,119 @@
+"""run.json, the run manifest: the one reader and the one writer of it.
+
+`workbench generate` writes it when a run starts, whenever the concurrency cap moves and
+when the run ends: the workbench version, the server URL (without credentials), the
+server's ``/server_info`` and ``/model_info``, the options, the send-order seed, the
+concurrency and its history, and per dataset its settings (``datasets.<name>``: source,
+prompts, budgets, sampling, tokenizer, chat template kwargs, whether its budget stopped it).
+It is replaced whole (a temp file, then a rename), so a reader never sees half of it.
+
+``history`` keeps one entry per generate session on the run directory, oldest first (at
+most :data:`HISTORY_LIMIT`): when it started and last wrote, the workbench version, the
+server URL and the model. A resumed run adds an entry; the other keys describe the latest.
+
+Readers: :func:`read_manifest` (DataError naming the file and line when it is present but
+not a JSON object), and :class:`ManifestWatcher` for a reader polling a run in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import DataError
+from workbench.rundir.files import write_atomic
+from workbench.rundir.layout import MANIFEST_FILE
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "ManifestWatcher",
+    "dataset_entries",
+    "manifest_path",
+    "read_manifest",
+    "with_session",
+    "write_manifest",
+]
+
+HISTORY_LIMIT = 1000
+_SESSION_KEYS = ("workbench_version", "server_url", "model")
+
+
+def manifest_path(out: str | os.PathLike[str]) -> Path:
+    return Path(out) / MANIFEST_FILE
+
+
+def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """The run.json of run directory `out`; {} when it has none. DataError naming the file
+    (and the line and column of a JSON error) when it cannot be read or is no JSON object."""
+    path = manifest_path(out)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
+    return _parsed(path, data)
+
+
+def _parsed(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        manifest = json.loads(data)
+    except ValueError as exc:  # the message names the line and column
+        raise DataError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise DataError(path, "expected a JSON object")
+    return manifest
+
+
+def dataset_entries(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``datasets`` of a manifest by name, each entry a dict ({} for one that is not)."""
+    entries = manifest.get("datasets")
+    if not isinstance(entries, dict):
+        return {}
+    return {str(name): entry if isinstance(entry, dict) else {} for name, entry in entries.items()}
+
+
+def with_session(manifest: Mapping[str, Any], previous: Mapping[str, Any],
+                 started: float) -> dict[str, Any]:
+    """manifest with ``history``: previous's, this session's entry (the session that started
+    at `started`) added or brought up to date."""
+    history = previous.get("history")
+    kept = [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
+    if kept and kept[-1].get("started") == started:
+        kept.pop()
+    entry = {"started": started, "updated": manifest.get("updated", started),
+             **{key: manifest.get(key) for key in _SESSION_KEYS}}
+    return {**manifest, "history": [*kept, entry][-HISTORY_LIMIT:]}
+
+
+def write_manifest(out: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:
+    """run.json of `out` replaced by manifest, atomically."""
+    text = json.dumps(manifest, indent=2, default=str) + "\n"
+    write_atomic(manifest_path(out), text.encode())
+
+
+class ManifestWatcher:
+    """run.json of a run in progress, read again only when it changed; {} while absent."""
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        self.path = manifest_path(out)
+        self._stamp: tuple[int, int, int] | None = None
+        self._data: dict[str, Any] = {}
+
+    def read(self) -> dict[str, Any]:
+        """The manifest as it is now (DataError as :func:`read_manifest`)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._stamp, self._data = None, {}
+            return self._data
+        except OSError as exc:
+            raise DataError(self.path, f"cannot read: {exc.strerror or exc}") from None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp != self._stamp:
+            self._data = read_manifest(self.path.parent)
+            self._stamp = stamp
+        return self._data

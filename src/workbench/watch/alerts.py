@@ -1,0 +1,185 @@
+"""The monitor's alerts: one line each, ``ALERT <dataset or server>: <cause>``.
+
+    schema_drift        a count missing in the most recent records read
+    stale_writer        a dataset is stale
+    error_rate          failed attempts over the threshold share of the recent window
+    truncation          ``length`` finishes over the threshold share of the recent records
+    bad_lines           unreadable lines in raw_responses.jsonl
+    server_unreachable  no connection to the server (or it answers with errors)
+    server_saturated    token usage at the top while the queue grows between two polls
+    worker_unhealthy    a worker behind an sglang-router is marked unhealthy by the router
+
+:func:`build_state` turns one frame's figures into statuses and alerts; it reads nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from workbench.analyze.stats import DatasetStats, RunStats
+from workbench.text import format_duration
+from workbench.watch.status import (
+    Alert,
+    MonitorState,
+    ServerState,
+    Thresholds,
+    dataset_status,
+    done_text,
+    last_write,
+    run_is_active,
+    run_started,
+)
+
+__all__ = ["alerts", "build_state"]
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}"
+
+
+def _schema_alerts(ds: DatasetStats) -> list[Alert]:
+    recent = ds.recent
+    found = []
+    for name, missing in (
+        ("completion_tokens", recent.missing_completion),
+        ("prompt_tokens", recent.missing_prompt),
+    ):
+        if missing:
+            found.append(
+                Alert(
+                    ds.name,
+                    "schema_drift",
+                    f"{name} missing in {missing}/{recent.rows} records "
+                    f"(most recent; layout {ds.layout})",
+                )
+            )
+    return found
+
+
+def _error_alert(ds: DatasetStats, th: Thresholds, window: float) -> Alert | None:
+    errors, records = ds.recent.window_errors, ds.recent.window_records
+    if errors < th.min_errors or errors / (errors + records) <= th.error_rate:
+        return None
+    share = _percent(errors, errors + records)
+    return Alert(
+        ds.name,
+        "error_rate",
+        f"error rate {share} in the last {format_duration(window)} "
+        f"({errors} errors, {records} records)",
+    )
+
+
+def _truncation_alert(ds: DatasetStats, th: Thresholds) -> Alert | None:
+    cut, finished = ds.recent.truncated, ds.recent.with_reason
+    if finished < th.min_finished or cut / finished <= th.truncation_rate:
+        return None
+    return Alert(
+        ds.name,
+        "truncation",
+        f"truncation rate {_percent(cut, finished)} "
+        f"(finish_reason length in {cut}/{finished} recent records)",
+    )
+
+
+def _stale_alert(ds: DatasetStats, status: str, now: float) -> Alert | None:
+    last = last_write(ds)
+    if status != "stale" or last is None:
+        return None
+    return Alert(
+        ds.name,
+        "stale_writer",
+        f"writer stopped: no append for {format_duration(now - last)} "
+        f"while the run is active ({done_text(ds)} done)",
+    )
+
+
+def _dataset_alerts(ds: DatasetStats, status: str, stats: RunStats, th: Thresholds) -> list[Alert]:
+    found = _schema_alerts(ds)
+    if ds.bad_lines:
+        found.append(
+            Alert(ds.name, "bad_lines", f"{ds.bad_lines} unreadable lines in raw_responses.jsonl")
+        )
+    optional = (
+        _stale_alert(ds, status, stats.now),
+        _error_alert(ds, th, stats.window),
+        _truncation_alert(ds, th),
+    )
+    return found + [alert for alert in optional if alert is not None]
+
+
+def _worker_alerts(server: ServerState) -> list[Alert]:
+    return [
+        Alert("server", "worker_unhealthy",
+              f"worker {w.url} marked unhealthy by the router {server.url}")
+        for w in server.workers or ()
+        if w.healthy is False
+    ]
+
+
+def _server_alerts(server: ServerState, th: Thresholds) -> list[Alert]:
+    if server.workers is not None:
+        return _worker_alerts(server)
+    if not server.reachable:
+        return [
+            Alert("server", "server_unreachable", f"unreachable at {server.url}: {server.error}")
+        ]
+    if server.error:
+        return [
+            Alert(
+                "server",
+                "server_unreachable",
+                f"{server.url} answers with an error: {server.error}",
+            )
+        ]
+    current, previous = server.metrics, server.previous
+    if current is None or previous is None or current.token_usage is None:
+        return []
+    if current.queued is None or previous.queued is None:
+        return []
+    if current.token_usage >= th.token_usage and current.queued > previous.queued:
+        return [
+            Alert(
+                "server",
+                "server_saturated",
+                f"token usage {current.token_usage:.0%} pinned at the top while the queue grows "
+                f"({previous.queued:.0f} -> {current.queued:.0f} queued)",
+            )
+        ]
+    return []
+
+
+def alerts(
+    stats: RunStats, statuses: Mapping[str, str], server: ServerState | None, thresholds: Thresholds
+) -> list[Alert]:
+    """Every alert of a frame: per dataset in order, then the server's."""
+    found: list[Alert] = []
+    for name, ds in stats.datasets.items():
+        found += _dataset_alerts(ds, statuses.get(name, "idle"), stats, thresholds)
+    if server is not None:
+        found += _server_alerts(server, thresholds)
+    return found
+
+
+def build_state(
+    stats: RunStats,
+    server: ServerState | None,
+    thresholds: Thresholds = Thresholds(),
+    writer: bool | None = None,
+) -> MonitorState:
+    """Statuses and alerts of one frame, from figures only (`writer`: whether a generate
+    holds the run's lock; None when unknown)."""
+    active = run_is_active(stats, server, thresholds.stale_after, writer)
+    started = run_started(stats)
+    statuses = {
+        name: dataset_status(
+            ds,
+            now=stats.now,
+            run_active=active,
+            stale_after=thresholds.stale_after,
+            run_started=started,
+            writer=writer,
+        )
+        for name, ds in stats.datasets.items()
+    }
+    found = alerts(stats, statuses, server, thresholds)
+    return MonitorState(stats, statuses, active, server, tuple(found), thresholds, writer)
