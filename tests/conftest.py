@@ -19,6 +19,12 @@ EXAMPLES = ROOT / "examples"
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """The event loop of the async tests (pytest's anyio plugin): asyncio, as the workbench."""
+    return "asyncio"
+
+
+@pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """Start simulators (fast profile, metrics on) on free ports; all are stopped afterwards."""
     servers: list[ServerProcess] = []

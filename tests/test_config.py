@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from conftest import ROOT
 
 from workbench.config import (
     DatasetSpec,
@@ -20,8 +21,6 @@ from workbench.config import (
     load_yaml_params,
 )
 from workbench.errors import ConfigError, InputError
-
-REPO = Path(__file__).resolve().parent.parent
 
 BASE: dict[str, Any] = {
     "model_profile": "kimi-k2.5",
@@ -146,7 +145,7 @@ def test_home_is_expanded(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_demo_manifest_loads() -> None:
-    manifest = load_manifest(REPO / "params" / "datasets.demo.yaml")
+    manifest = load_manifest(ROOT / "params" / "datasets.demo.yaml")
     assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok"]
     glaive, code, pretok = manifest.datasets
     assert glaive.chat_template_kwargs == {"thinking": True}
@@ -157,7 +156,7 @@ def test_demo_manifest_loads() -> None:
 
 
 def test_kimi_manifest_is_valid_once_its_paths_exist(workdir: Path) -> None:
-    text = (REPO / "params" / "datasets.kimi-k25.yaml").read_text()
+    text = (ROOT / "params" / "datasets.kimi-k25.yaml").read_text()
     for absolute in sorted(set(re.findall(r"(/data/eagle3/prompts/\S+)", text))):
         (workdir / "data" / Path(absolute).name).write_text("")
     text = text.replace("/data/eagle3/prompts/", "../data/").replace("/models/Kimi-K2.5", "../tok")

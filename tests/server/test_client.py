@@ -24,11 +24,6 @@ pytestmark = pytest.mark.anyio
 URL = "http://sglang.test:30000"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def reply(**meta: object) -> dict[str, object]:
     base = {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 2,
             "finish_reason": {"type": "stop", "matched": 163586}, "e2e_latency": 0.25,

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import ROOT
 
 from workbench.errors import ConfigError, InputError
 from workbench.server.client import SGLangClient
@@ -41,7 +42,6 @@ from workbench.tune import (
     summarize_point,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ROOT / "params"
 REQUIRED_COLUMNS = ("config", "concurrency", "status", "output_throughput", "request_throughput",
                     "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "e2e_p50_s", "max_total_num_tokens",

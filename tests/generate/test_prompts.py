@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import EXAMPLES, ROOT
 
 from workbench.config import DatasetSpec
 from workbench.errors import ConfigError, DataError
@@ -21,8 +22,6 @@ from workbench.generate.prompts import Prompt, estimate_text_tokens, load_prompt
 from workbench.profiles import get_profile
 from workbench.tokenizer import encode_messages, load_tokenizer
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
 TOKENIZER = str(EXAMPLES / "tokenizer")
 KIMI = get_profile("kimi-k2.5")
 THINK, THINK_END, IM_END = 163606, 163607, 163586  # Kimi-K2.5 ids, as in the example tokenizer
@@ -389,7 +388,7 @@ def test_loading_a_tokenizer_prints_nothing() -> None:
 
 
 def test_make_examples_reproduces_the_committed_files(tmp_path: Path) -> None:
-    script = REPO / "scripts" / "make_examples.py"
+    script = ROOT / "scripts" / "make_examples.py"
     module_spec = importlib.util.spec_from_file_location("make_examples", script)
     assert module_spec and module_spec.loader
     module = importlib.util.module_from_spec(module_spec)
@@ -399,7 +398,7 @@ def test_make_examples_reproduces_the_committed_files(tmp_path: Path) -> None:
     assert len(written) == 7
     for path in written:
         if path.parent == sim_dir:
-            committed = REPO / "src" / "workbench" / "sim" / path.name
+            committed = ROOT / "src" / "workbench" / "sim" / path.name
         else:
             committed = EXAMPLES / path.relative_to(tmp_path)
         assert path.read_bytes() == committed.read_bytes(), (

@@ -22,11 +22,6 @@ from workbench.generate.concurrency import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def reading(running: float, queued: float, url: str = "http://a", retracted: float | None = None) -> ServerReading:
     return ServerReading(url, running, queued, 0.5, retracted)
 

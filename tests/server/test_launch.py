@@ -102,11 +102,6 @@ def test_simulator_starts_answers_and_leaves_nothing_behind(tmp_path: Path) -> N
     assert "ready on" in (tmp_path / "s.log").read_text()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_async_readiness_of_the_simulator(tmp_path: Path) -> None:
     port = find_free_port()

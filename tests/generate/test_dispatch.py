@@ -24,11 +24,6 @@ pytestmark = pytest.mark.anyio
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def write_manifest(tmp: Path, sizes: dict[str, list[int]], extra: str = "", sampling: str = "") -> Manifest:
     """A manifest with one input_ids dataset per entry; `sizes` lists each prompt's length."""
     lines = ["model_profile: kimi-k2.5", "sampling:", "  temperature: 0.0", "  max_new_tokens: 64"]

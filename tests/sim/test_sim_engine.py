@@ -37,11 +37,6 @@ FAST = get_sim_profile("fast")
 KIMI_GPU = get_sim_profile("kimi-k2.5-8xrtx6000")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class FakeClock:
     """Time that moves only when the test says so."""
 

@@ -26,11 +26,6 @@ KIMI_EOS = 163585
 KIMI_THINK_END = 163607
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def client_for(config: SimConfig) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=create_app(config))
     return httpx.AsyncClient(transport=transport, base_url="http://sim")

@@ -31,11 +31,6 @@ from workbench.watch.status import MonitorState, Thresholds
 NOW = time.time()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- planted trees ---------------------------------------------------------------------------
 
 

@@ -29,11 +29,6 @@ KIMI_END = 163586
 KIMI_THINK_END = 163607
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def client_for(config: SimConfig, **headers: str) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=create_app(config))
     return httpx.AsyncClient(transport=transport, base_url="http://sim", headers=headers)
