@@ -9,7 +9,8 @@ import pytest
 import yaml
 from conftest import ROOT, workbench
 
-from workbench.jobfolder import init_job_folder
+from workbench.config import load_manifest
+from workbench.jobfolder import init_job_folder, job_files
 from workbench.report.parameters import REPORTS, default_params, load_parameters, notebooks_dir
 from workbench.report.render import link_latest
 from workbench.resources import data_dir, report_names
@@ -73,6 +74,30 @@ def test_init_writes_a_job_folder_that_the_verbs_take(tmp_path: Path, monkeypatc
     assert again.returncode == 2 and "nothing written" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
     assert (job / "params" / "datasets.yaml").read_text() == before
+
+
+def test_init_writes_the_examples_and_a_manifest_to_try_them(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    written = {p.relative_to(job) for p in init_job_folder(job)}
+    examples = data_dir("examples")
+    carried = {Path("examples") / p.relative_to(examples) for p in examples.rglob("*") if p.is_file()}
+    assert carried and carried <= written and Path("params/datasets.try.yaml") in written
+    for path in carried:
+        assert (job / path).read_bytes() == (examples / path.relative_to("examples")).read_bytes()
+    manifest = load_manifest(job / "params" / "datasets.try.yaml")
+    assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok"]
+    paths = [Path(ds.path) for ds in manifest.datasets] + [Path(manifest.tokenizer or "")]
+    assert all(path.exists() and path.is_relative_to(job.resolve()) for path in paths)
+    readme = (job / "README.md").read_text()
+    assert readme.index("## Try it now on the simulator") < readme.index("## The real job")
+    assert "--datasets params/datasets.try.yaml" in readme and "-p run_dir=outputs/try" in readme
+    for f in job_files(job):  # nothing that only makes sense in the workbench's own checkout
+        if f.path.suffix in (".md", ".yaml", ".ipynb"):
+            text = f.data.decode()
+            for word in ("make ", "scripts/", "src/", "tests/", ".demo.yaml", "kimi-k25.yaml", "outputs/demo"):
+                assert word not in text, (f.path, word)
+    again = workbench("init", str(job))
+    assert again.returncode == 2 and "nothing written" in again.stderr
 
 
 def test_latest_link_follows_the_newest_report(tmp_path: Path) -> None:

@@ -3,22 +3,29 @@
 The folder gets copies of the packaged, commented parameter files turned towards a real
 job (the dataset manifest and the tuning sweep of a real SGLang deployment, the router's
 flags, one parameter file per report pointing at the job's run) and of the report
-notebooks, plus a README with the commands. Run from that folder, `workbench report NAME`
-uses ./notebooks/NAME.ipynb and ./params/NAME.yaml, so a team's notebooks and parameters
-live in its own repository. Nothing is overwritten.
+notebooks, plus a README with the commands. To try the workbench at once it also gets the
+packaged example data and tokenizer (examples/) with the demo manifest and the simulator's
+sweep pointed at them (params/datasets.try.yaml, params/tuning.try.yaml), so the README's
+first commands run on the simulator as they are. Run from that folder, `workbench report
+NAME` uses ./notebooks/NAME.ipynb and ./params/NAME.yaml, so a team's notebooks and
+parameters live in its own repository. Nothing is overwritten.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import ConfigError
 from workbench.resources import data_dir
 
-__all__ = ["JOB_RUN_DIR", "init_job_folder", "job_files"]
+__all__ = ["JOB_RUN_DIR", "TRY_PORT", "TRY_RUN_DIR", "init_job_folder", "job_files"]
 
 JOB_RUN_DIR = "outputs/job"
+TRY_RUN_DIR = "outputs/try"
+TRY_PORT = 31000
 
 # (packaged params file, name in the job folder)
 _PARAMS = (
@@ -29,24 +36,85 @@ _PARAMS = (
     ("format_validation.demo.yaml", "format_validation.yaml"),
     ("explore.demo.yaml", "explore.yaml"),
     ("throughput_tuning.demo.yaml", "throughput_tuning.yaml"),
+    ("datasets.demo.yaml", "datasets.try.yaml"),
+    ("tuning.sim.yaml", "tuning.try.yaml"),
 )
 
-# Text changes turning the packaged files towards the job folder's layout (longest first).
+# Text changes turning the packaged files towards the job folder's layout, applied in this
+# order (a longer text before the shorter one it holds). A value followed by its comment
+# keeps the comment's column.
 _RENAMES = (
     ("outputs/tuning/kimi-k25", "outputs/tuning"),
     ("../outputs/demo/tuning", "../outputs/tuning"),
-    ("../outputs/demo", f"../{JOB_RUN_DIR}"),
+    ("the demo run (`workbench demo` writes it)", f"the job's run ({JOB_RUN_DIR})"),
+    ("the demo's sweep", "the job's sweep"),
+    ("(the --out of `workbench tune`); `workbench demo` writes it.",
+     "(the --out of\n# `workbench tune --params params/tuning.yaml --out outputs/tuning`)."),
+    ("outputs/demo", JOB_RUN_DIR),
     ("tokenizer: ../examples/tokenizer", "tokenizer: null"),
-    ("params/datasets.kimi-k25.yaml", "params/datasets.yaml"),
     ("datasets.kimi-k25.yaml", "datasets.yaml"),
-    ("params/tuning.kimi-k25.yaml", "params/tuning.yaml"),
+    ("datasets.demo.yaml", "datasets.try.yaml"),
+    ("tuning.kimi-k25.yaml", "tuning.yaml"),
+    ("tuning.sim.yaml", "tuning.try.yaml"),
+    ("token_distribution.demo.yaml", "token_distribution.yaml"),
+    ("format_validation.demo.yaml", "format_validation.yaml"),
+    ("explore.demo.yaml", "explore.yaml"),
+    ("throughput_tuning.demo.yaml", "throughput_tuning.yaml"),
     ("outputs/kimi-k25", JOB_RUN_DIR),
 )
 
+_SERVER = f"http://127.0.0.1:{TRY_PORT}"
+
+# The try manifest's opening comment, in place of the packaged demo manifest's.
+_TRY_HEADER = f"""\
+# Dataset manifest to try the workbench on the simulator: three small datasets from
+# ../examples/ (copies of the workbench's example data, with a tiny tokenizer), run from the
+# job folder (README.md, "Try it now on the simulator"):
+#
+#   workbench generate --datasets params/datasets.try.yaml \\
+#       --server {_SERVER} --out {TRY_RUN_DIR}
+#
+# Every key is explained here; params/datasets.yaml is the same file for the real Kimi-K2.5
+# job. Relative paths are relative to this file.
+"""
+
 _README = f"""# Generation job
 
-Made by `workbench init`. Edit the parameter files (every key is commented), then run from
-this folder:
+Made by `workbench init`: commented parameter files in params/, the report notebooks in
+notebooks/, and example data with a tiny tokenizer in examples/. Run every command from this
+folder.
+
+## Try it now on the simulator
+
+The workbench's SGLang-compatible simulator stands in for a GPU server, and
+params/datasets.try.yaml sends it the prompts of examples/ (well under a minute):
+
+```bash
+workbench sim --port {TRY_PORT} --enable-metrics > sim.log 2>&1 & SIM=$!   # any free port
+until curl -sf {_SERVER}/health > /dev/null; do sleep 1; done   # wait (see sim.log)
+workbench generate --datasets params/datasets.try.yaml --server {_SERVER} --out {TRY_RUN_DIR}
+workbench stats {TRY_RUN_DIR}
+workbench validate {TRY_RUN_DIR}
+workbench report token_distribution -p run_dir={TRY_RUN_DIR}
+workbench report format_validation -p run_dir={TRY_RUN_DIR} -p tokenizer=examples/tokenizer
+workbench export {TRY_RUN_DIR} --to {TRY_RUN_DIR}/train.jsonl
+kill $SIM                                                # stop the simulator
+```
+
+`validate` lists the replies cut at `max_new_tokens` (kept small here) among its findings; it
+exits 1 on an error only with `--strict`. Each report prints the path of its HTML file last
+(outputs/reports/NAME-latest/ links to the newest); `-p` paths are taken from this folder. Run
+the generate line again and it resumes: finished samples are skipped. A server sweep on the
+simulator (about three minutes; it starts its own simulators, one per configuration):
+
+```bash
+workbench tune --params params/tuning.try.yaml --out outputs/tuning/sim
+workbench report throughput_tuning -p sweep_dir=outputs/tuning/sim
+```
+
+## The real job
+
+Edit the parameter files (every key is commented), then run from this folder:
 
 ```bash
 # on the GPU host: a real SGLang server (see params/tuning.yaml for the tuned flags)
@@ -69,24 +137,50 @@ Reports land in outputs/reports/NAME-<timestamp>/ with a NAME-latest link to the
 @dataclass(frozen=True, slots=True)
 class _JobFile:
     path: Path
-    text: str
+    data: bytes
 
 
-def _renamed(text: str) -> str:
-    for old, new in _RENAMES:
+def _renamed(text: str, renames: tuple[tuple[str, str], ...] = _RENAMES) -> str:
+    for old, new in renames:
+        text = re.sub(re.escape(old) + r"( +)#", _aligned(old, new), text)
         text = text.replace(old, new)
     return text
 
 
+def _aligned(old: str, new: str) -> Callable[[re.Match[str]], str]:
+    """new, padded so the comment after it stays in old's column (one space at least)."""
+    return lambda m: new + " " * max(1, len(old) + len(m[1]) - len(new)) + "#"
+
+
+def _try_manifest(packaged: str) -> str:
+    """The demo manifest with the job folder's opening comment in place of its own."""
+    _, body = packaged.split("\n\n", 1)
+    return _TRY_HEADER + "\n" + body
+
+
+def _params_text(old: str) -> str:
+    text = (data_dir("params") / old).read_text(encoding="utf-8")
+    if old != "datasets.demo.yaml":
+        return _renamed(text)
+    # the try manifest keeps its example tokenizer, copied beside params/ as in the package
+    return _renamed(_try_manifest(text), tuple(r for r in _RENAMES if "tokenizer" not in r[0]))
+
+
 def job_files(folder: Path) -> list[_JobFile]:
-    """What `init_job_folder` writes into folder, with each file's text."""
-    params, notebooks = data_dir("params"), data_dir("notebooks")
-    files = [_JobFile(folder / "README.md", _README)]
-    files += [_JobFile(folder / "params" / new, _renamed((params / old).read_text(encoding="utf-8")))
-              for old, new in _PARAMS]
-    files += [_JobFile(folder / "notebooks" / nb.name, nb.read_text(encoding="utf-8"))
+    """What `init_job_folder` writes into folder, with each file's bytes."""
+    notebooks, examples = data_dir("notebooks"), data_dir("examples")
+    files = [_JobFile(folder / "README.md", _README.encode())]
+    files += [_JobFile(folder / "params" / new, _params_text(old).encode()) for old, new in _PARAMS]
+    files += [_JobFile(folder / "notebooks" / nb.name, _renamed(nb.read_text(encoding="utf-8")).encode())
               for nb in sorted(notebooks.glob("*.ipynb"))]
+    files += [_JobFile(folder / "examples" / path.relative_to(examples), path.read_bytes())
+              for path in sorted(examples.rglob("*")) if path.is_file() and _carried(path, examples)]
     return files
+
+
+def _carried(path: Path, root: Path) -> bool:
+    """Not a cache or checkpoint file left beside the examples."""
+    return not any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(root).parts)
 
 
 def init_job_folder(folder: str | Path) -> list[Path]:
@@ -102,5 +196,5 @@ def init_job_folder(folder: str | Path) -> list[Path]:
                                  "choose another folder or move them)")
     for f in files:
         f.path.parent.mkdir(parents=True, exist_ok=True)
-        f.path.write_text(f.text, encoding="utf-8")
+        f.path.write_bytes(f.data)
     return [f.path for f in files]
