@@ -57,7 +57,7 @@ from workbench.analyze.stats import RunStats
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.rundir.columns import Columns, FileScan
-from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
+from workbench.rundir.layout import RAW_FILE, DatasetDir
 from workbench.rundir.records import Row, iter_blocks
 from workbench.rundir.run import RunInfo, load_run
 from workbench.tokenizer import load_tokenizer
@@ -838,14 +838,6 @@ def _show(ids: Sequence[int], decoder: Any, names: Mapping[int, str]) -> str:
     return decoder.decode(list(ids), skip_special_tokens=False) if decoder else _render_ids(ids, names)
 
 
-def _dataset_dir(run: RunInfo, name: str) -> DatasetDir:
-    for ds in run.datasets:
-        if ds.name == name:
-            return ds
-    known = ", ".join(ds.name for ds in run.datasets) or "none"
-    raise ConfigError("dataset", f"unknown dataset {name!r} (known: {known})")
-
-
 def record_detail(
     run_dir: RunSource,
     dataset: str,
@@ -857,7 +849,7 @@ def record_detail(
     """The record at `line` of `dataset`'s raw file, in full (ConfigError when there is
     none); with a scan, only the block holding it is read."""
     scan = _scanned(run_dir, model_profile)
-    profile, ds = scan.profile, _dataset_dir(scan.run, dataset)
+    profile, ds = scan.profile, scan.run.dataset(dataset)
     row = _rows_at(ds.raw_path, {line}, scan.files.get(ds.name)).get(line)
     if row is None:
         raise ConfigError("line", f"{ds.raw_path}: no readable record at line {line}")
@@ -868,7 +860,7 @@ def record_detail(
     return RecordDetail(
         dataset, line, row.sample_id, row.finish_reason, row.matched_stop, row.prompt_tokens,
         row.completion_tokens, row.cached_tokens,
-        _prompt_of(ds.folder / PROMPTS_FILE, row.sample_id, decoder, names),
+        _prompt_of(ds.prompts_path, row.sample_id, decoder, names),
         None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
         decoder is not None, tuple(problems))
 

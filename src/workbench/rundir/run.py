@@ -58,7 +58,7 @@ class RunInfo(msgspec.Struct, frozen=True):
         for ds in self.datasets:
             if ds.name == name:
                 return ds
-        known = ", ".join(ds.name for ds in self.datasets)
+        known = ", ".join(ds.name for ds in self.datasets) or "none"
         raise ConfigError("dataset", f"unknown dataset {name!r} (known: {known})")
 
     def files(self) -> list[Path]:
