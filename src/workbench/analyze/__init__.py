@@ -1,1 +1,13 @@
-"""(package)"""
+"""Reading a run: the one scan, its validation, the statistics and the report frames.
+
+    rules       the format rules and the per-record checks of a model profile
+    findings    a dataset's findings: counts, rates, severities, examples
+    scan        the one scan of a run (validation and the reports' columns), cached
+    validate    ``workbench validate``
+    stats       per-dataset statistics, refreshed incrementally (the monitor's too)
+    counters    what the statistics count of each file
+    eta         targets, rates, progress and ETA
+    stats_text  ``workbench stats`` as text or JSON
+    subset      the sent subset of each dataset against the whole
+    explore     a run's records shaped into the tables the reports show
+"""

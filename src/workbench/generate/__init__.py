@@ -1,1 +1,11 @@
-"""(package)"""
+"""``workbench generate``: every prompt of a dataset manifest sent, each reply kept once.
+
+    prompts      dataset files (JSONL, Parquet) turned into the prompts sent
+    plan         what to send: datasets, order, budgets, the resume check (no asyncio)
+    dispatch     requests in flight, retries, the outage gate, the writer
+    session      run_generation: probe, preflight, the writer's lock, the run
+    progress     the live counters and the progress line
+    views        progress lines and bars, the closing summary
+    concurrency  the run's request slots: a fixed cap or auto, steered from /metrics
+    budget       the projection that keeps a token budget
+"""

@@ -4,7 +4,7 @@ prompts.jsonl (the prompts as sent, written once before the replies) is big on r
 Validation needs each sample id's first line and the file's problems, the stats its line and
 id counts, the subset comparison each prompt's length. :func:`summary` reads the file once, in
 blocks (:func:`workbench.rundir.records.iter_prompt_blocks`), into a :class:`PromptScan` holding all
-of it, and keeps it beside the file (:func:`workbench.rundir.columns.save_summary`) while the file's
+of it, and keeps it beside the file (:func:`workbench.rundir.cache.save_summary`) while the file's
 stamp is unchanged: whichever reader comes first reads the file, the others load the summary.
 A file holding an id past 64 bits (msgpack's range) cannot be kept and is read each time.
 

@@ -3,7 +3,8 @@
 Modules: `parameters` (the parameter file, the grid, server commands), `load` (prompts and
 the closed loop of one point), `measurement` (a point's figures), `results` (the output
 directory and frames), `recommendation` (best configuration, projection), `driver` (running
-a sweep, `workbench tune`, the demo's sweep and report).
+a sweep, `workbench tune`, the demo's sweep and report), `plots` (the tuning report's
+figures and views).
 
 A sweep takes a parameter file (`load_tuning_params`; see params/tuning.sim.yaml for every
 key) and, for each configuration of its grid, launches the server (SGLang or the simulator,

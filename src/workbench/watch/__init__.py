@@ -1,1 +1,7 @@
-"""(package)"""
+"""``workbench monitor``: the live view of a run, and the alerts that say what broke.
+
+    status   the thresholds, the server's state and each dataset's status
+    alerts   the alerts of one frame
+    render   a frame drawn as text or with rich, fitted to the terminal
+    monitor  the polling loop and the command
+"""
