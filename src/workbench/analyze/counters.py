@@ -136,7 +136,8 @@ class RawCounts:
 
     def _add_counts(self, fields: Fields) -> None:
         completions = [c for c in fields.completion_tokens if c is not None]
-        self.completions.extend([min(c, _INT64[1]) for c in completions])  # JSON allows uint64
+        low, high = _INT64  # JSON allows any integer: kept in 64 bits for the percentiles
+        self.completions.extend([min(max(c, low), high) for c in completions])
         self.completion_tokens += sum(completions)
         prompts = [p for p in fields.prompt_tokens if p is not None]
         self.prompt_tokens += sum(prompts)
