@@ -149,6 +149,7 @@ class Plan:
         self.options = options
         self.say = say
         self.order_seed = 0
+        self.created = 0.0
         self.previous: dict[str, Any] = {}
         self.datasets: dict[str, PlannedDataset] = {}
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
@@ -218,6 +219,8 @@ class Plan:
         except OSError as exc:
             raise DataError(self.out, f"cannot create the output directory: {exc.strerror}") from None
         self.previous = read_manifest(self.out)
+        created = self.previous.get("created")
+        self.created = created if isinstance(created, int | float) else time.time()
         self.order_seed = self._order_seed()
         for spec, sampling, prompts in self._loaded:
             self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
@@ -276,7 +279,7 @@ class Plan:
             datasets[name] = self._dataset_record(ds)
         return {
             "workbench_version": __version__,
-            "created": self.previous.get("created", time.time()),
+            "created": self.created,
             "updated": time.time(),
             "server_url": server.url,
             "model": server.model,
