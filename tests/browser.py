@@ -150,15 +150,22 @@ def _evaluate(pipe: _Pipe, session: str, expression: str) -> Any:
     return result["result"].get("value")
 
 
+# every plotly figure has drawn its traces (one without traces, its frame)
+ALL_DRAWN = (
+    "[...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('svg.main-svg')"
+    " && (d.querySelector('g.trace') || !(d.data || []).length))"
+)
+# two animation frames: what the page changed before is laid out and painted
+NEXT_PAINT = "new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
+
+
 def _settle(pipe: _Pipe, session: str, timeout: float) -> None:
-    """Wait for the load event, then until the number of drawn plots stops changing."""
+    """Wait for the load event, then until every plot is drawn (at most `timeout` seconds:
+    the caller's checks then say what is missing)."""
     pipe.wait_event("Page.loadEventFired", timeout)
-    count, stable, deadline = -1, 0, time.monotonic() + timeout
-    while stable < 3 and time.monotonic() < deadline:
-        now = _evaluate(pipe, session, "document.querySelectorAll('.main-svg').length")
-        stable = stable + 1 if now == count else 0
-        count = now
-        time.sleep(0.2)
+    deadline = time.monotonic() + timeout
+    while not _evaluate(pipe, session, ALL_DRAWN) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _collect(pipe: _Pipe, report: PageReport) -> None:
@@ -181,7 +188,7 @@ def _screenshot(pipe: _Pipe, session: str, path: Path, width: int) -> Path:
     pipe.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": min(height, 16000),
                                                      "deviceScaleFactor": 1, "mobile": False},
               session=session)
-    time.sleep(0.5)
+    _evaluate(pipe, session, NEXT_PAINT)
     shot = pipe.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
                      session=session, timeout=60)
     path.write_bytes(base64.b64decode(shot["data"]))

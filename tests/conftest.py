@@ -1,14 +1,23 @@
-"""Shared fixtures: simulators on real sockets and the `workbench` command as a subprocess."""
+"""Shared fixtures: simulators on real sockets, the `workbench` command as a subprocess, and
+bounded waits on events.
+
+Tests wait on events (a line written, a port open, a counter moved, a process gone), never on
+a pause, and never assert how long something took. `wait_until` is that wait: it polls a real
+condition and fails loudly, naming it, after a timeout that only bounds a broken run (make it
+generous: a loaded machine is slow, not wrong).
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from workbench.demo import start_simulator
@@ -70,3 +79,23 @@ def generate_run(base: Path, datasets: list[dict[str, Any]]) -> Path:
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.05) -> None:
+    """Return once `predicate()` is true; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[object]], timeout: float, what: str,
+                           interval: float = 0.02) -> None:
+    """`wait_until` in an async test: `predicate` is awaited, the event loop keeps running."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await anyio.sleep(interval)

@@ -483,12 +483,19 @@ def test_bad_input_is_one_line_and_exit_2(env: Env, build: Build) -> None:
 
 # --- a line of 100 MB -------------------------------------------------------------------------
 
+# The child's own peak: VmHWM of /proc/self/status counts from the exec, where ru_maxrss also
+# keeps the parent's resident memory at the fork (a big test process would be measured).
 _MEASURED = """
-import os, resource, sys
+import os, re, resource, sys
 from workbench.cli import main
 code = main(sys.argv[1:])
+try:
+    with open("/proc/self/status") as fh:
+        peak = int(re.search(r"VmHWM:\\s*(\\d+) kB", fh.read()).group(1)) * 1024
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 with open(os.environ["RSS_FILE"], "w") as fh:
-    fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    fh.write(str(peak))
 sys.exit(code)
 """
 

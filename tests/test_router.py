@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import EXAMPLES, ROOT, jsonl, workbench, write_manifest
+from conftest import EXAMPLES, ROOT, jsonl, wait_until, workbench, write_manifest
 
 from workbench.rundir.records import read_rows, read_sample_ids
 from workbench.server.client import SGLangClient
@@ -67,14 +66,6 @@ def counter(url: str, name: str = REQUESTS) -> float:
     raise AssertionError(f"{name} not in {url}/metrics")
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def lines_in(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
@@ -109,7 +100,7 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
          "--out", str(out), "--concurrency", "48", "--max-attempts", "8", "--progress-interval", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: lines_in(raw) >= 60, 60, "a fifth of the records")
+        wait_until(lambda: lines_in(raw) >= 60, 300, "a fifth of the records")
         victim = sims[2]
         served_by_victim = counter(victim.url)
         assert victim.pid is not None
@@ -130,7 +121,8 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
     shares = [*survivors, served_by_victim]
     assert all(share >= 10 for share in shares), shares
     assert sum(shares) >= 300
-    wait_for(lambda: healthy_workers(router.url).get(victim.url) is False, 30, "the router to drop the server")
+    wait_until(lambda: healthy_workers(router.url).get(victim.url) is False, 120,
+               "the router to drop the server")
     frame = workbench("monitor", str(out), "--once", "--server", router.url)
     assert frame.returncode == 1, frame.stderr  # --once exits 1 when it raised an alert
     assert f"router {router.url}: 3 workers (2 healthy)" in frame.stdout

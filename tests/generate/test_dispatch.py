@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -50,16 +51,36 @@ def sglang_reply(request: httpx.Request, completion: int = 10) -> httpx.Response
 
 
 class Server:
-    """An async MockTransport handler that counts requests in flight."""
+    """An async MockTransport handler that counts requests in flight.
 
-    def __init__(self, respond: Callable[[httpx.Request, int], httpx.Response], delay: float = 0.0):
+    `hold=(n, m)`: no reply leaves before `n` requests are in flight at once, and no reply to a
+    long prompt before `m` long ones are, so reaching the limits does not depend on the
+    machine's speed. `arrived(k)`: an event set when the k-th request comes in."""
+
+    def __init__(self, respond: Callable[[httpx.Request, int], httpx.Response], delay: float = 0.0,
+                 hold: tuple[int, int] = (0, 0)):
         self.respond = respond
         self.delay = delay
+        self.hold = hold
         self.calls = 0
         self.in_flight = 0
         self.peak = 0
         self.long_in_flight = 0
         self.long_peak = 0
+        self._full, self._long_full = asyncio.Event(), asyncio.Event()
+        self._arrivals: dict[int, asyncio.Event] = {}
+
+    def arrived(self, calls: int) -> asyncio.Event:
+        return self._arrivals.setdefault(calls, asyncio.Event())
+
+    def _note_arrival(self) -> None:
+        for calls, event in self._arrivals.items():
+            if self.calls >= calls:
+                event.set()
+        if self.in_flight >= self.hold[0]:
+            self._full.set()
+        if self.long_in_flight >= self.hold[1]:
+            self._long_full.set()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path in ("/server_info", "/model_info"):
@@ -71,7 +92,11 @@ class Server:
         self.long_in_flight += long
         self.peak = max(self.peak, self.in_flight)
         self.long_peak = max(self.long_peak, self.long_in_flight)
+        self._note_arrival()
         try:
+            await self._full.wait()
+            if long:
+                await self._long_full.wait()
             await asyncio.sleep(self.delay)
             return self.respond(request, number)
         finally:
@@ -155,8 +180,10 @@ async def test_attempts_are_capped(tmp_path: Path) -> None:
 
 async def test_concurrency_limits_hold_and_are_reached(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path, {"a": [5] * 60 + [200] * 30, "b": [5] * 60})
-    server = Server(lambda r, n: sglang_reply(r), delay=0.02)
-    await run(manifest, server, tmp_path / "out", concurrency=20, long_concurrency=4, long_threshold=100)
+    server = Server(lambda r, n: sglang_reply(r), hold=(20, 4))
+    with anyio.fail_after(120):  # a runner that never reaches a limit would wait for ever
+        await run(manifest, server, tmp_path / "out", concurrency=20, long_concurrency=4,
+                  long_threshold=100)
     assert server.peak == 20
     assert server.long_peak == 4
 
@@ -230,6 +257,21 @@ async def test_run_json_keeps_one_history_entry_per_session(tmp_path: Path) -> N
     assert second["datasets"]["b"] == first["datasets"]["b"]  # not sent again, still described
 
 
+async def test_run_json_keeps_its_creation_time_across_the_writes_of_a_session(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, {"a": [5] * 3})
+    out = tmp_path / "out"
+    opened: list[dict[str, object]] = []
+    opts = GenerateOptions(seed=1, progress_interval=60)
+    async with SGLangClient("http://mock", transport=httpx.MockTransport(
+            Server(lambda r, n: sglang_reply(r)))) as client:
+        await run_generation(manifest, client, out, opts, on_start=lambda runner: opened.append(
+            json.loads((out / "run.json").read_text())))
+    closed = json.loads((out / "run.json").read_text())
+    assert closed["updated"] > opened[0]["updated"]  # written again when the run ended
+    assert closed["created"] == opened[0]["created"] <= opened[0]["updated"]
+    assert closed["history"][0]["started"] == opened[0]["history"][0]["started"]
+
+
 async def test_a_corrupt_run_json_stops_a_resume_before_anything_is_written(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path, {"a": [5] * 3})
     out = tmp_path / "out"
@@ -262,10 +304,12 @@ async def test_stop_lets_in_flight_finish_and_sends_nothing_new(tmp_path: Path) 
         task = asyncio.create_task(run_generation(
             manifest, client, tmp_path / "out", GenerateOptions(concurrency=5, progress_interval=60),
             on_start=runners.append))
-        await asyncio.sleep(0.3)
+        with anyio.fail_after(120):
+            await server.arrived(8).wait()  # the second wave of five is in flight
+        in_flight = server.in_flight
         runners[0].request_stop()  # type: ignore[attr-defined]
         summary = await task
-    assert summary.interrupted
+    assert summary.interrupted and in_flight > 0
     assert server.calls == summary.datasets["a"].done < 50
     assert len((tmp_path / "out/a/raw_responses.jsonl").read_text().splitlines()) == server.calls
 

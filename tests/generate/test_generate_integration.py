@@ -8,14 +8,14 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from conftest import EXAMPLES, jsonl, workbench, write_manifest
+from conftest import EXAMPLES, jsonl, wait_until, workbench, write_manifest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.config import load_manifest
@@ -87,13 +87,16 @@ def test_in_flight_count_reaches_the_limit(tmp_path: Path, start_sim: Callable[.
     assert metric(server.url, "workbench_sim:peak_inflight_requests") == concurrency
 
 
-def _wait_for_lines(path: Path, lines: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    """Return once `path` holds `lines` lines (the writer is mid-run), or the process has ended."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and path.read_bytes().count(b"\n") >= lines:
-            return
-        time.sleep(0.05)
+def lines_in(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def wait_for_lines(path: Path, lines: int, proc: subprocess.Popen[Any], timeout: float = 300) -> None:
+    """Return once `path` holds `lines` lines (the writer is mid-run); AssertionError if the
+    process ends first or nothing comes within `timeout` seconds."""
+    wait_until(lambda: lines_in(path) >= lines or proc.poll() is not None, timeout,
+               f"{lines} lines in {path}")
+    assert proc.poll() is None, f"the run ended (code {proc.returncode}) before {lines} lines"
 
 
 def test_resume_after_sigkill_writes_every_sample_exactly_once(
@@ -108,13 +111,14 @@ def test_resume_after_sigkill_writes_every_sample_exactly_once(
     raw = out / "ids" / "raw_responses.jsonl"
     written = []
     for _ in range(3):
-        before = raw.read_bytes().count(b"\n") if raw.exists() else 0
+        before = lines_in(raw)
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_lines(raw, before + 1, proc)  # start-up time varies with the machine's load
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        written.append(raw.read_bytes().count(b"\n") if raw.exists() else 0)
+        try:  # killed after a random number of new records: mid-run, whatever the machine's load
+            wait_for_lines(raw, before + rng.randint(1, 40), proc)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        written.append(lines_in(raw))
     assert 0 < written[0] < 300, f"the first kill should land mid-run; lines after each kill: {written}"
     final = workbench(*argv[3:])
     assert final.returncode == 0, final.stderr
@@ -146,7 +150,11 @@ def test_sigint_stops_gracefully(tmp_path: Path, start_sim: Callable[..., Server
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "generate", "--datasets", str(manifest),
                              "--server", server.url, "--out", str(out), "--concurrency", "8"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    try:  # interrupted once it has written a record: mid-run
+        wait_for_lines(out / "ids" / "raw_responses.jsonl", 1, proc)
+    except AssertionError:
+        proc.kill()
+        raise
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import EXAMPLES, workbench, write_manifest
+from conftest import EXAMPLES, wait_until, workbench, write_manifest
 from rich.console import Console
 
 from workbench.cli import generate_exit_code, resume_command
@@ -111,9 +111,12 @@ def test_stop_then_resume_say_so(tmp_path: Path, start_sim: Callable[..., Server
     proc = subprocess.Popen([sys.executable, "-m", "workbench", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     raw = out / "ids" / "raw_responses.jsonl"
-    deadline = time.monotonic() + 60
-    while (not raw.exists() or raw.read_bytes().count(b"\n") < 5) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    try:  # interrupted mid-run, once five records are written
+        wait_until(lambda: raw.exists() and raw.read_bytes().count(b"\n") >= 5, 300,
+                   f"five records in {raw}")
+    except AssertionError:
+        proc.kill()
+        raise
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr

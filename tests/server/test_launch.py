@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from workbench.errors import LaunchError
 from workbench.server.launch import (
@@ -31,15 +31,6 @@ def group_gone(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return True
-    return False
-
-
-def wait_gone(pgid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if group_gone(pgid):
-            return True
-        time.sleep(0.05)
     return False
 
 
@@ -98,7 +89,7 @@ def test_simulator_starts_answers_and_leaves_nothing_behind(tmp_path: Path) -> N
         code = server.stop()
     assert code is not None
     assert group_gone(server.pgid)  # type: ignore[arg-type]
-    server.wait_port_free(port, timeout=5)
+    server.wait_port_free(port)  # a bounded wait: LaunchError if the port stays busy
     assert "ready on" in (tmp_path / "s.log").read_text()
 
 
@@ -156,20 +147,19 @@ def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path: Path) -> None:
         import signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen([sys.executable, "-c",
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
         print("child", child.pid, flush=True)
-        time.sleep(60)
+        time.sleep(3600)
     """)
     server = ServerProcess(argv, url="http://127.0.0.1:9", log_path=tmp_path / "s.log")
     server.start()
-    deadline = time.monotonic() + 10
-    while b"child" not in server.read_log() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    started = time.monotonic()
-    code = server.stop(grace=0.5)
+    try:
+        wait_until(lambda: b"child" in server.read_log(), 60, "the script to start its child")
+    finally:  # both ignore SIGTERM and outlive the test: only the group's SIGKILL ends them
+        code = server.stop(grace=0.5)
     assert code == -signal.SIGKILL
-    assert time.monotonic() - started < 5
-    assert group_gone(server.pgid)  # type: ignore[arg-type]
+    assert (server.exit_reason() or "").startswith("server killed by SIGKILL")
+    assert group_gone(server.pgid), "the child ignoring SIGTERM outlived stop()"  # type: ignore[arg-type]
 
 
 def test_failure_reason_prefers_the_out_of_memory_line(tmp_path: Path) -> None:
@@ -186,11 +176,11 @@ def test_a_killed_parent_takes_its_server_down(tmp_path: Path) -> None:
     parent = script(tmp_path, "parent.py", f"""
         import time
         from workbench.server.launch import ServerProcess
-        server = ServerProcess([{PY!r}, "-c", "import time; time.sleep(60)"],
+        server = ServerProcess([{PY!r}, "-c", "import time; time.sleep(3600)"],
                                url="http://127.0.0.1:9", log_path={str(tmp_path / 's.log')!r})
         server.start()
         print(server.pgid, flush=True)
-        time.sleep(60)
+        time.sleep(3600)
     """)
     proc = subprocess.Popen(parent, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -198,4 +188,8 @@ def test_a_killed_parent_takes_its_server_down(tmp_path: Path) -> None:
     assert not group_gone(pgid)
     proc.kill()
     proc.wait()
-    assert wait_gone(pgid), "the server outlived the process that started it"
+    try:  # the server outlives the wait unless its parent's death takes it down
+        wait_until(lambda: group_gone(pgid), 60, "the server to go down with its parent")
+    except AssertionError:
+        os.killpg(pgid, signal.SIGKILL)
+        raise

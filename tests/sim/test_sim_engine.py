@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-import time
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import anyio
 import pytest
@@ -12,7 +17,14 @@ import pytest
 from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 from workbench.sim.cache import BLOCK_TOKENS, PrefixCache, block_hashes
-from workbench.sim.engine import POOL_FULL_MESSAGE, Engine, EngineLoop, Request, Step
+from workbench.sim.engine import (
+    MAX_LAG_SECONDS,
+    POOL_FULL_MESSAGE,
+    Engine,
+    EngineLoop,
+    Request,
+    Step,
+)
 from workbench.sim.outputs import (
     corpus,
     fixed_output,
@@ -359,33 +371,88 @@ def test_decode_log_lines_every_interval() -> None:
     assert engine.last_gen_throughput > 0
 
 
+class SleepingClock(FakeClock):
+    """The engine loop's clock and sleep: a sleep moves the clock by its seconds, plus
+    `overshoot` (an event loop that wakes late) and, on the `stall`-th sleep, `stalled`
+    seconds (a busy process)."""
+
+    def __init__(self, overshoot: float = 0.0, stall: int = 0, stalled: float = 0.0) -> None:
+        super().__init__()
+        self.overshoot, self.stall, self.stalled = overshoot, stall, stalled
+        self.sleeps: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds + self.overshoot
+        if len(self.sleeps) == self.stall:
+            self.now += self.stalled
+        await asyncio.sleep(0)
+
+
 @pytest.mark.anyio
-async def test_engine_loop_paces_steps_in_real_time() -> None:
-    engine = Engine(sizing(100_000), lambda running, prefilled, loaded: 0.01)
-    loop = EngineLoop(engine, speed=2.0)
+@pytest.mark.parametrize(
+    ("late", "took"),
+    [
+        ({}, 0.1),  # 20 steps of 10 ms at speed 2
+        ({"overshoot": 0.002}, 0.102),  # late wake-ups are caught up: only the last one shows
+        ({"stall": 5, "stalled": 1.0}, 0.1 + 1.0 - MAX_LAG_SECONDS),  # caught up this far only
+    ],
+)
+async def test_engine_loop_paces_steps_at_their_duration_over_the_speed(
+    late: dict[str, Any], took: float
+) -> None:
+    clock = SleepingClock(**late)
+    engine = Engine(sizing(100_000), lambda running, prefilled, loaded: 0.01, clock=clock)
+    loop = EngineLoop(engine, speed=2.0, clock=clock, sleep=clock.sleep)
     done = anyio.Event()
     one = Request(10, list(range(20)), 20, on_update=done.set)
-    started = time.perf_counter()
     loop.submit(one)
-    with anyio.fail_after(5):
+    with anyio.fail_after(60):
         await done.wait()
-    elapsed = time.perf_counter() - started
-    assert one.generated == 20
-    assert 0.09 <= elapsed < 0.5
-    assert one.finished_at is not None and one.finished_at - one.arrival == pytest.approx(
-        elapsed, abs=0.05
-    )
     await loop.close()
+    assert one.generated == 20 and len(clock.sleeps) == 20
+    assert clock.sleeps[0] == pytest.approx(0.01 / 2)
+    assert engine.model_seconds == pytest.approx(20 * 0.01)
+    assert one.finished_at is not None and one.finished_at - one.arrival == pytest.approx(took)
 
 
-def test_engine_work_per_step_stays_small() -> None:
-    engine, clock = make_engine(10_000_000)
-    for index in range(300):
-        engine.submit(request(100, 200, start=index * 1000))
-    started = time.perf_counter()
-    steps = run_all(engine, clock)
-    assert steps >= 200
-    assert time.perf_counter() - started < 2.0
+def lines_run(call: Callable[[], object]) -> int:
+    """Lines of the simulator's modules that `call()` executes: work, whatever the host's speed."""
+    package = str(Path(Engine.__init__.__code__.co_filename).parent) + os.sep
+    count = 0
+
+    def line(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+        nonlocal count
+        count += event == "line"
+        return line
+
+    def call_event(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        return line if frame.f_code.co_filename.startswith(package) else None
+
+    previous = sys.gettrace()  # a coverage tracer, say: put back afterwards
+    sys.settrace(call_event)
+    try:
+        call()
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def test_engine_work_per_step_grows_with_the_running_requests_only() -> None:
+    """O(running requests) per step: three times the batch, about the same work per request
+    and step (O(running^2) per step would triple it)."""
+
+    def work_per_request_step(count: int) -> float:
+        engine, clock = make_engine(10_000_000)
+        for index in range(count):
+            engine.submit(request(100, 200, start=index * 1000))
+        steps: list[int] = []
+        lines = lines_run(lambda: steps.append(run_all(engine, clock)))
+        assert steps[0] >= 200 and not engine.has_work
+        return lines / (count * 200)
+
+    small, large = work_per_request_step(100), work_per_request_step(300)
+    assert large < 1.3 * small, (small, large)
 
 
 # --- prefix cache ------------------------------------------------------------------------

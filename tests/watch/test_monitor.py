@@ -14,14 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import EXAMPLES, write_manifest
+from conftest import EXAMPLES, wait_until_async, write_manifest
 from rich.console import Console
 
 from workbench.analyze.stats import StatsCollector, collect_stats
 from workbench.config import load_manifest
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.session import run_generation
-from workbench.server.client import SGLangClient
+from workbench.server.client import SGLangClient, default_transport
 from workbench.server.launch import ServerProcess
 from workbench.watch.alerts import build_state
 from workbench.watch.monitor import Monitor, run_monitor
@@ -427,6 +427,28 @@ def test_rich_frame_renders(tmp_path: Path) -> None:
 # --- against the simulator -------------------------------------------------------------------
 
 
+class HeldReplies(httpx.AsyncBaseTransport):
+    """The client's transport, handing over /generate replies after the first `count` only
+    once `release` is set: the run cannot finish before the test has seen it running."""
+
+    def __init__(self, count: int) -> None:
+        self.inner = default_transport()
+        self.count = count
+        self.answered = 0
+        self.release = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path == "/generate":
+            self.answered += 1
+            if self.answered > self.count:
+                await self.release.wait()
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 @pytest.mark.integration
 def test_monitor_follows_a_generation_on_the_simulator(
     tmp_path: Path, start_sim: Callable[..., ServerProcess]
@@ -446,18 +468,29 @@ def test_monitor_follows_a_generation_on_the_simulator(
     out = tmp_path / "out"
 
     async def generate_and_watch() -> tuple[list[MonitorState], MonitorState]:
+        held = HeldReplies(4)
         async with (
-            SGLangClient(server.url) as client,
+            SGLangClient(server.url, transport=held) as client,
             SGLangClient(server.url, timeout=5.0) as watcher,
         ):
             monitor = Monitor(out, client=watcher)
             options = GenerateOptions(concurrency=6, progress_interval=60.0)
             run = asyncio.create_task(run_generation(manifest, client, out, options))
-            seen = []
-            while not run.done():
-                await asyncio.sleep(0.05)
+            seen: list[MonitorState] = []
+
+            async def first_is_running() -> bool:
+                if run.done():
+                    await run
+                    raise AssertionError("the run ended while its replies were held")
                 if (out / "run.json").exists():
                     seen.append(await monitor.poll())
+                return bool(seen) and seen[-1].statuses.get("first") == "running"
+
+            await wait_until_async(first_is_running, 120, "the monitor to see 'first' running")
+            held.release.set()
+            while not run.done():  # keep following it to the end (alerts must stay quiet)
+                await asyncio.sleep(0.05)
+                seen.append(await monitor.poll())
             await run
             return seen, await monitor.poll()
 

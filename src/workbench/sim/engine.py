@@ -23,7 +23,9 @@ Each `Engine.step()` is one scheduler iteration, modelled on SGLang's:
 The step's duration comes from `step_cost(running, prefilled_tokens, host_loaded_tokens)`
 (see `workbench.sim.profiles.step_seconds`). `step()` changes the state at once;
 `publish()` is called when the step's time has passed: it stamps times, notifies waiters and,
-every `log_interval` decode steps, reports throughput. `EngineLoop` paces steps in real time.
+every `log_interval` decode steps, reports throughput. `Engine.model_seconds` sums the steps'
+durations: the model time the engine has worked, whatever the host's speed (idle time is not
+counted). `EngineLoop` paces steps in real time (its clock and sleep are injectable).
 Work per step is O(running requests) plus O(prompt blocks) for each admitted request.
 """
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import NamedTuple, Protocol
 
@@ -198,6 +200,7 @@ class Engine:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.retractions = 0
         self.last_gen_throughput = 0.0
+        self.model_seconds = 0.0
         self._step_cost = step_cost
         self._clock = clock
         self._observer = observer
@@ -243,6 +246,7 @@ class Engine:
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
         duration = self._step_cost(running, prefilled, host_loaded)
+        self.model_seconds += duration
         return Step(duration, admitted, started, updated, finished + dropped, tokens)
 
     def publish(self, step: Step) -> None:
@@ -434,11 +438,17 @@ class EngineLoop:
     """
 
     def __init__(
-        self, engine: Engine, speed: float = 1.0, *, clock: Callable[[], float] = time.perf_counter
+        self,
+        engine: Engine,
+        speed: float = 1.0,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.engine = engine
         self.speed = speed
         self._clock = clock
+        self._sleep = sleep
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, request: Request) -> None:
@@ -459,5 +469,5 @@ class EngineLoop:
             step = self.engine.step()
             now = self._clock()
             deadline = max(deadline, now - MAX_LAG_SECONDS) + step.duration / self.speed
-            await asyncio.sleep(max(0.0, deadline - now))
+            await self._sleep(max(0.0, deadline - now))
             self.engine.publish(step)

@@ -10,7 +10,8 @@ output batch (`observe_inter_token_latency`: the interval over the batch's new t
 streamed requests every step and others every 50 tokens. Gauges move only when the engine
 reports statistics (after steps that admit requests and every decode log interval), as
 SGLang's do. Two simulator gauges count /generate HTTP requests in flight, now and at most
-since start.
+since start; a third is the model time the engine has worked (the sum of its steps'
+durations, the busiest data-parallel rank's), a clock that the host's speed does not move.
 """
 
 from __future__ import annotations
@@ -226,6 +227,12 @@ class SimMetrics:
             registry=self.registry,
         )
         peak.set_function(lambda: self.peak_inflight)
+        model = Gauge(
+            "workbench_sim:model_busy_seconds",
+            "Model time the engine has worked: the sum of its steps' durations.",
+            registry=self.registry,
+        )
+        model.set_function(lambda: max((rank.model_seconds for rank in self.engines), default=0.0))
 
     def request_started(self) -> None:
         """A /generate HTTP request arrived."""
