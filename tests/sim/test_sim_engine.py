@@ -284,7 +284,7 @@ def test_step_duration_grows_with_the_batch() -> None:
     for index in range(50):
         engine.submit(request(10, 100, start=100 + index * 100))
     run_step(engine, clock)
-    assert run_step(engine, clock).duration > small
+    assert run_step(engine, clock).duration > small  # the modelled step cost, not wall time
 
 
 def test_prefix_cache_hit_skips_prefill_and_reports_cached_tokens() -> None:
