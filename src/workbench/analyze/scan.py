@@ -36,7 +36,7 @@ from workbench.analyze.rules import (
 )
 from workbench.errors import DataError
 from workbench.profiles import ModelProfile
-from workbench.rundir.cache import cache_key
+from workbench.rundir.cache import Stamp, cache_key, file_stamp
 from workbench.rundir.columns import Columns, FileScan, Tally, load_cached, save_cached
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.records import Block, Row, iter_blocks, paused_gc
@@ -239,7 +239,8 @@ def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[FileSc
 
 
 class _File(NamedTuple):
-    """A raw file to scan: its checker, its cache key, and what is known of it already."""
+    """A raw file to scan: its checker, its cache key, what is known of it already, and its
+    stamp before anything was read (what a saved scan was read from)."""
 
     path: Path
     checker: RecordChecker
@@ -247,6 +248,7 @@ class _File(NamedTuple):
     known: FileScan
     offset: int
     cached: bool
+    stamp: Stamp | None
 
 
 def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool) -> _File:
@@ -254,10 +256,11 @@ def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: boo
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
     key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples)
+    stamp = file_stamp(path)  # before any read: what a saved scan was read from
     found = load_cached(path, key) if cache else None
     if found is None:
-        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False)
-    return _File(path, checker, key, found[0], found[1], True)
+        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False, stamp)
+    return _File(path, checker, key, found[0], found[1], True, stamp)
 
 
 def _plan_jobs(files: Sequence[_File], workers: int) -> tuple[list[_RangeJob], list[int]]:
@@ -288,7 +291,7 @@ def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) 
     """Cache every scan that read something new (or had no cache yet)."""
     for index, (file, scan) in enumerate(zip(files, scans, strict=True)):
         if file.path.is_file() and (index in owners or not file.cached):
-            save_cached(file.path, file.key, scan, scan.end_offset)
+            save_cached(file.path, file.key, scan, scan.end_offset, file.stamp)
 
 
 def _dataset_checker(

@@ -18,8 +18,8 @@ Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 (``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
 are kept in the dataset's cache (:func:`workbench.rundir.cache.save_appended`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
-Like the scan, it trusts the cached blocks while the file keeps its identity and the bytes
-just before the cached offset. Every other file gets its plain ``sha256``.
+Like the scan, it trusts the cached blocks while the file is unchanged or only grew (see
+:mod:`workbench.rundir.cache`). Every other file gets its plain ``sha256``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import ConfigError, DataError
-from workbench.rundir.cache import load_appended, save_appended
+from workbench.rundir.cache import file_stamp, load_appended, save_appended
 from workbench.rundir.layout import DATASET_FILES
 from workbench.rundir.run import load_run
 
@@ -86,6 +86,7 @@ def content_hash(path: Path, length: int | None = None, *, cache: bool = False) 
     last newline are kept beside the file (see the module docstring; a torn last line may
     be cut off when a run resumes) and taken from there while they fit it."""
     key = f"{path.name}-4MiB"  # one cache file per file of the folder
+    stamp = file_stamp(path) if cache else None  # before any read: what the kept blocks fit
     found = load_appended(path, _BLOCKS_KIND, key, list[bytes]) if cache else None
     blocks: list[bytes] = []
     read = lines_end = 0
@@ -104,7 +105,7 @@ def content_hash(path: Path, length: int | None = None, *, cache: bool = False) 
                 break  # the file's end (or `length`)
     kept = lines_end // CONTENT_BLOCK
     if cache and kept * CONTENT_BLOCK > (found[1] if found else 0):
-        save_appended(path, _BLOCKS_KIND, key, blocks[:kept], kept * CONTENT_BLOCK)
+        save_appended(path, _BLOCKS_KIND, key, blocks[:kept], kept * CONTENT_BLOCK, stamp)
     return read, hashlib.sha256(b"".join(blocks)).hexdigest()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from workbench.rundir.cache import load_appended, save_appended
+from workbench.rundir.cache import Stamp, load_appended, save_appended
 
 __all__ = ["Columns", "FileScan", "Tally", "load_cached", "save_cached"]
 
@@ -124,6 +124,7 @@ def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
     return load_appended(raw, "scan", key, FileScan)
 
 
-def save_cached(raw: Path, key: str, scan: FileScan, offset: int) -> None:
-    """Store scan (of raw up to the line start offset) for the next scan; best effort."""
-    save_appended(raw, "scan", key, msgspec.structs.replace(scan, torn=None), offset)
+def save_cached(raw: Path, key: str, scan: FileScan, offset: int, stamp: Stamp | None) -> None:
+    """Store scan (of raw up to the line start offset, raw having stamp before it was read)
+    for the next scan; best effort (see :func:`workbench.rundir.cache.save_appended`)."""
+    save_appended(raw, "scan", key, msgspec.structs.replace(scan, torn=None), offset, stamp)
