@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -385,6 +385,189 @@ async def test_metrics_use_sglang_names(client: httpx.AsyncClient) -> None:
 async def test_metrics_are_404_unless_enabled() -> None:
     async with client_for(SimConfig()) as client:
         assert (await client.get("/metrics")).status_code == 404
+
+
+# --- /abort_request ----------------------------------------------------------------------
+
+# 100 ms a step: a 2,000-token request cannot end by itself while a test aborts it.
+SLOW = SimConfig(enable_metrics=True, speed=0.01)
+
+
+def long_body(rid: str, **body: Any) -> dict[str, Any]:
+    """A request that runs 2,000 steps (ignore_eos) unless aborted."""
+    sampling = {"max_new_tokens": 2000, "ignore_eos": True}
+    return {"input_ids": ids(5), "rid": rid, "sampling_params": sampling, **body}
+
+
+async def load(client: httpx.AsyncClient) -> tuple[int, int, float]:
+    """(running, queued, token usage) read live from the engines in /server_info."""
+    states = (await client.get("/server_info")).json()["internal_states"]
+    return (
+        sum(state["num_running_reqs"] for state in states),
+        sum(state["num_queue_reqs"] for state in states),
+        sum(state["token_usage"] for state in states),
+    )
+
+
+async def wait_for_load(client: httpx.AsyncClient, running: int, queued: int = 0) -> None:
+    async def reached() -> bool:
+        now = await load(client)
+        return now[0] == running and now[1] == queued
+
+    await wait_until_async(reached, 60, f"{running} running and {queued} queued requests")
+
+
+async def post_into(
+    client: httpx.AsyncClient, replies: dict[str, httpx.Response], body: dict[str, Any]
+) -> None:
+    replies[body["rid"]] = await client.post("/generate", json=body)
+
+
+def replied(replies: dict[str, httpx.Response], count: int) -> Callable[[], Awaitable[bool]]:
+    """A wait_until_async predicate: `count` /generate calls have their answer."""
+
+    async def check() -> bool:
+        return len(replies) >= count
+
+    return check
+
+
+async def abort(client: httpx.AsyncClient, **body: Any) -> httpx.Response:
+    return await client.post("/abort_request", json=body)
+
+
+@pytest.mark.anyio
+async def test_abort_request_ends_a_running_request_and_frees_its_kv() -> None:
+    """scheduler `abort_request` marks it (`FINISH_ABORT()`: no status code) and it leaves at
+    the next step; the waiting /generate gets an ordinary 200 reply (tokenizer_manager
+    `_handle_abort_finish_reason` lets a status-less abort through)."""
+    replies: dict[str, httpx.Response] = {}
+    async with client_for(SLOW) as client, anyio.create_task_group() as group:
+        group.start_soon(post_into, client, replies, long_body("long"))
+        await wait_for_load(client, running=1)
+        assert (await load(client))[2] > 0
+        answer = await abort(client, rid="long")
+        assert answer.status_code == 200 and answer.content == b""
+        await wait_until_async(replied(replies, 1), 60, "the reply")
+        assert await load(client) == (0, 0, 0.0)
+        metrics = await scrape(client)
+    reply = replies["long"]
+    assert reply.status_code == 200
+    meta = reply.json()["meta_info"]
+    assert meta["id"] == "long"
+    assert meta["finish_reason"] == {
+        "type": "abort", "message": "Aborted", "status_code": None, "err_type": None,
+    }
+    assert 0 < meta["completion_tokens"] < 2000 and meta["prompt_tokens"] == 5
+    assert metrics["sglang:num_aborted_requests_total"] == 1
+    assert metrics["sglang:num_requests_total"] == 1
+
+
+@pytest.mark.anyio
+async def test_abort_request_takes_a_queued_request_out_at_once() -> None:
+    """A waiting request leaves the queue with the tokenizer manager's `_handle_abort_req`
+    reply (a short meta_info, "Abort in waiting queue") and no finished-request metrics."""
+    replies: dict[str, httpx.Response] = {}
+    config = SimConfig(enable_metrics=True, speed=0.01, max_running_requests=1)
+    async with client_for(config) as client, anyio.create_task_group() as group:
+        group.start_soon(post_into, client, replies, long_body("first"))
+        await wait_for_load(client, running=1)
+        group.start_soon(post_into, client, replies, long_body("second"))
+        await wait_for_load(client, running=1, queued=1)
+        assert (await abort(client, rid="second")).status_code == 200
+        await wait_until_async(replied(replies, 1), 60, "the reply")
+        assert (await load(client))[:2] == (1, 0) and "first" not in replies
+        metrics = await scrape(client)
+        await abort(client, rid="first")
+    queued = replies["second"]
+    assert queued.status_code == 200
+    body = queued.json()
+    assert body["text"] == "" and body["output_ids"] == []
+    meta = body["meta_info"]
+    assert list(meta) == ["id", "finish_reason", "weight_version", "e2e_latency",
+                          "completion_tokens"]
+    assert meta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
+    assert meta["id"] == "second" and meta["completion_tokens"] == 0
+    assert metrics["sglang:num_aborted_requests_total"] == 1
+    assert metrics["sglang:num_requests_total"] == 0
+    assert replies["first"].json()["meta_info"]["finish_reason"]["message"] == "Aborted"
+
+
+@pytest.mark.anyio
+async def test_abort_request_for_an_unknown_rid_changes_nothing() -> None:
+    """tokenizer_manager `abort_request` returns at once for a rid it does not know (or an
+    empty one); http_server answers 200 all the same."""
+    replies: dict[str, httpx.Response] = {}
+    async with client_for(SLOW) as client, anyio.create_task_group() as group:
+        group.start_soon(post_into, client, replies, long_body("job-7"))
+        await wait_for_load(client, running=1)
+        for body in ({"rid": "nope"}, {"rid": "job-"}, {"rid": ""}, {}, {"rid": None}):
+            answer = await abort(client, **body)
+            assert answer.status_code == 200 and answer.content == b""
+        assert (await load(client))[:2] == (1, 0) and not replies
+        metrics = await scrape(client)
+        await abort(client, rid="job-7")
+    assert metrics["sglang:num_aborted_requests_total"] == 0
+    assert replies["job-7"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.anyio
+async def test_abort_request_matches_rids_by_prefix() -> None:
+    """scheduler `abort_request`: `req.rid.startswith(recv_req.rid)`, once the tokenizer
+    manager knows the rid exactly; so aborting "job-1" also aborts "job-10"."""
+    replies: dict[str, httpx.Response] = {}
+    async with client_for(SLOW) as client, anyio.create_task_group() as group:
+        for rid in ("job-1", "job-10", "job-2"):
+            group.start_soon(post_into, client, replies, long_body(rid))
+        await wait_for_load(client, running=3)
+        await abort(client, rid="job-1")
+        await wait_until_async(replied(replies, 2), 60, "two replies")
+        assert (await load(client))[:2] == (1, 0)
+        await abort(client, rid="job-2")
+    assert sorted(replies) == ["job-1", "job-10", "job-2"]
+
+
+@pytest.mark.anyio
+async def test_abort_all_ends_running_queued_and_streamed_requests() -> None:
+    replies: dict[str, httpx.Response] = {}
+    config = SimConfig(enable_metrics=True, speed=0.01, max_running_requests=2, dp_size=2)
+    async with client_for(config) as client, anyio.create_task_group() as group:
+        for rid in ("a", "b", "c", "d"):
+            group.start_soon(post_into, client, replies, long_body(rid))
+        group.start_soon(post_into, client, replies, long_body("s", stream=True))
+        await wait_for_load(client, running=4, queued=1)
+        answer = await abort(client, abort_all=True)
+        assert answer.status_code == 200
+        await wait_until_async(replied(replies, 5), 60, "five replies")
+        assert await load(client) == (0, 0, 0.0)
+        metrics = await scrape(client)
+    assert all(reply.status_code == 200 for reply in replies.values())
+    plain = [replies[rid].json()["meta_info"]["finish_reason"] for rid in "abcd"]
+    assert all(finish["type"] == "abort" for finish in plain)
+    messages = sorted(finish["message"] for finish in plain)
+    events = sse_events(replies["s"].text)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])["meta_info"]["finish_reason"]
+    messages = sorted([*messages, last["message"]])
+    assert messages == ["Abort in waiting queue", *["Aborted"] * 4]
+    assert metrics["sglang:num_aborted_requests_total"] == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [(b"", "Field required"), (b"{nope", "JSON decode error"), (b"[1]", "valid dictionary"),
+     (b'{"rid": 5}', "valid string"), (b'{"abort_all": "yes"}', "valid boolean")],
+)
+async def test_abort_request_bodies_that_are_not_an_abort_req_are_400(
+    client: httpx.AsyncClient, content: bytes, needle: str
+) -> None:
+    """http_server's RequestValidationError handler: 400 with an `ErrorResponse`."""
+    response = await client.post("/abort_request", content=content)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["object"] == "error" and body["type"] == "Bad Request" and body["code"] == 400
+    assert needle in body["message"]
 
 
 # --- api key -----------------------------------------------------------------------------

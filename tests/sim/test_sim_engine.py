@@ -18,8 +18,10 @@ from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 from workbench.sim.cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from workbench.sim.engine import (
+    ABORT_MESSAGE,
     MAX_LAG_SECONDS,
     POOL_FULL_MESSAGE,
+    QUEUE_ABORT_MESSAGE,
     Engine,
     EngineLoop,
     Request,
@@ -350,6 +352,45 @@ def test_cancelled_requests_leave_the_engine() -> None:
     assert running.finished and waiting.finished
     assert running.generated == 1 and waiting.generated == 0
     assert engine.used_tokens == 0
+
+
+def test_abort_takes_queued_requests_at_once_and_running_ones_at_the_next_step() -> None:
+    """scheduler.py `abort_request`: pop from the queue (answered at once), or `to_finish`."""
+    engine, clock = make_engine(100_000, max_running=1)
+    running, queued, other = request(10, 1000), request(10, 1000, start=100), request(10, 5)
+    told: list[str] = []
+    queued.on_update = lambda: told.append("queued")
+    for one in (running, queued, other):
+        engine.submit(one)
+    run_step(engine, clock)
+    assert engine.abort(lambda one: one is running or one is queued) == 2
+    assert told == ["queued"] and queued.done and queued.aborted_in_queue
+    assert queued.abort_message == QUEUE_ABORT_MESSAGE and list(engine.waiting) == [other]
+    assert running.aborted and not running.finished and engine.used_tokens == 11
+    step = run_step(engine, clock)
+    assert running in step.finished and running.abort_message == ABORT_MESSAGE
+    assert running.abort_status is None and running.generated == 1
+    assert engine.used_tokens == 0 and not engine.running
+    run_all(engine, clock)
+    assert other.finished and not other.aborted and engine.used_tokens == 0
+
+
+def test_a_marked_request_that_retraction_picks_finishes_instead() -> None:
+    engine, clock = make_engine(2_000)
+    first, second = request(100, 3000, max_new=4000), request(100, 3000, max_new=4000, start=1000)
+    engine.submit(first)
+    engine.submit(second)
+    for _ in range(10_000):
+        if len(engine.running) == 2 and engine.used_tokens + 2 > engine.capacity:
+            break
+        run_step(engine, clock)
+    victim = min(engine.running, key=lambda one: (one.generated, -one.prompt_len))
+    assert victim is second
+    engine.abort(lambda one: one is victim)
+    step = run_step(engine, clock)
+    assert victim in step.finished and victim.retractions == 0 and victim not in engine.waiting
+    assert victim.done and victim.abort_message == ABORT_MESSAGE
+    assert engine.used_tokens == first.kv_tokens
 
 
 def test_decode_log_lines_every_interval() -> None:

@@ -2,7 +2,9 @@
 
 Endpoints: POST /generate (single, batch, streaming), POST /v1/completions and
 /v1/chat/completions (openai.py), GET /health, /health_generate, /server_info and
-/get_server_info, /model_info and /get_model_info, /v1/models, POST /flush_cache, and GET
+/get_server_info, /model_info and /get_model_info, /v1/models, POST /flush_cache, POST
+/abort_request (`{"rid"}` or `{"abort_all": true}`: an empty 200, whether or not the rid is
+known; the aborted /generate calls answer 200 with finish_reason "abort"), and GET
 /metrics with --enable-metrics. With --api-key every path except the
 /health ones needs `Authorization: Bearer KEY`. Faults apply to /generate only.
 """
@@ -28,7 +30,14 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
-from workbench.sim.calls import DONE, Countdown, abort_response, run_jobs, stream_jobs
+from workbench.sim.calls import (
+    DONE,
+    Countdown,
+    abort_response,
+    error_abort,
+    run_jobs,
+    stream_jobs,
+)
 from workbench.sim.config import SimConfig
 from workbench.sim.middleware import (
     FAULT_SCOPE_KEY,
@@ -40,6 +49,7 @@ from workbench.sim.middleware import (
 from workbench.sim.openai import chat_completions, completions
 from workbench.sim.profiles import OutOfMemory
 from workbench.sim.protocol import (
+    BadAbort,
     ContractError,
     GenerateBatch,
     GenerateItem,
@@ -47,7 +57,9 @@ from workbench.sim.protocol import (
     contract_error_body,
     error_body,
     json_response,
+    parse_abort,
     parse_generate,
+    validation_error_body,
 )
 from workbench.sim.sampling import Sampling
 from workbench.sim.server import SimServer
@@ -98,7 +110,7 @@ def _shape(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Any:
 def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
     """Finished replies as JSON, or as one SSE chunk each and [DONE] for a stream."""
     if not batch.stream:
-        aborted = next(filter(None, map(_abort_of, replies)), None)
+        aborted = next(filter(None, map(_error_abort_of, replies)), None)
         if aborted is not None:
             return abort_response(aborted)
         return json_response(_shape(batch, replies))
@@ -106,11 +118,8 @@ def _final(batch: GenerateBatch, replies: list[dict[str, Any]]) -> Response:
     return StreamingResponse(_iterate([*chunks, DONE]), media_type="text/event-stream")
 
 
-def _abort_of(reply: dict[str, Any]) -> dict[str, Any] | None:
-    finish = reply["meta_info"]["finish_reason"]
-    if isinstance(finish, dict) and finish.get("type") == "abort":
-        return finish
-    return None
+def _error_abort_of(reply: dict[str, Any]) -> dict[str, Any] | None:
+    return error_abort(reply["meta_info"]["finish_reason"])
 
 
 async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -191,6 +200,17 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse(FLUSH_MESSAGE, status_code=status)
 
 
+async def abort_request(request: Request) -> Response:
+    """POST /abort_request (http_server `abort_request`): an empty 200 once the abort is sent,
+    whatever it found; 400 for a body that is not an `AbortReq`."""
+    try:
+        body = parse_abort(await request.body())
+    except BadAbort as exc:
+        return json_response(validation_error_body(str(exc)), 400)
+    _server(request).abort_request(body.rid, abort_all=body.abort_all)
+    return Response(status_code=200)
+
+
 async def metrics(request: Request) -> Response:
     """GET /metrics (only with --enable-metrics)."""
     body = _server(request).metrics.render()
@@ -215,6 +235,7 @@ def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -
         Route("/get_model_info", model_info),
         Route("/v1/models", models),
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
     ]
     if config.enable_metrics:
         routes.append(Route("/metrics", metrics))

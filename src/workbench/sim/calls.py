@@ -4,7 +4,9 @@
 client disconnects first; :func:`stream_jobs` yields a job each time
 it has a chunk due (``stream_interval``). Both the native ``/generate`` (app.py) and the
 OpenAI-compatible endpoints (openai.py) use them; :func:`abort_response` is how SGLang
-answers a non-streaming abort.
+answers a non-streaming abort that carries an error status (:func:`error_abort`: 400, 500
+or 503); other aborts, such as those of POST /abort_request, are ordinary 200 replies whose
+finish_reason says "abort".
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from workbench.sim.job import Job
 from workbench.sim.protocol import GenerateItem, error_body, json_response
 from workbench.sim.server import SimServer
 
-__all__ = ["DONE", "Countdown", "abort_response", "run_jobs", "stream_jobs"]
+__all__ = ["DONE", "Countdown", "abort_response", "error_abort", "run_jobs", "stream_jobs"]
 
 DONE = b"data: [DONE]\n\n"
+# tokenizer_manager `_handle_abort_finish_reason`: the statuses that fail a non-streamed call.
+ERROR_ABORT_STATUSES = (400, 500, 503)
 
 
 class Countdown:
@@ -35,6 +39,13 @@ class Countdown:
     def update(self) -> None:
         if all(job.request.done for job in self.jobs):
             self.event.set()
+
+
+def error_abort(finish: object) -> dict[str, Any] | None:
+    """The finish_reason if it is an abort that fails a non-streamed call, else None."""
+    if not isinstance(finish, dict) or finish.get("type") != "abort":
+        return None
+    return finish if finish.get("status_code") in ERROR_ABORT_STATUSES else None
 
 
 def abort_response(finish: dict[str, Any]) -> Response:

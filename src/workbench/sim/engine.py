@@ -20,6 +20,12 @@ Each `Engine.step()` is one scheduler iteration, modelled on SGLang's:
 3. Decode: every running request gains one token; requests that reach their planned output
    length finish and free their tokens.
 
+Aborts (`Engine.abort`, scheduler.py `Scheduler.abort_request`): a waiting request leaves the
+queue at once and is published finished ("Abort in waiting queue", the tokenizer manager's
+`_handle_abort_req`); a running one is marked (`req.to_finish = FINISH_ABORT()`) and leaves
+the batch at the next step, which frees its KV. A marked request that a retraction picks
+finishes there instead of going back to the queue.
+
 The step's duration comes from `step_cost(running, prefilled_tokens, host_loaded_tokens)`
 (see `workbench.sim.profiles.step_seconds`). `step()` changes the state at once;
 `publish()` is called when the step's time has passed: it stamps times, notifies waiters and,
@@ -42,7 +48,9 @@ from workbench.sim.cache import PrefixCache
 from workbench.sim.profiles import Sizing
 
 __all__ = [
+    "ABORT_MESSAGE",
     "POOL_FULL_MESSAGE",
+    "QUEUE_ABORT_MESSAGE",
     "Engine",
     "EngineLoop",
     "EngineObserver",
@@ -66,6 +74,9 @@ POOL_FULL_MESSAGE = (
     "the last request."
 )
 POOL_FULL_STATUS = 500
+# schedule_batch `FINISH_ABORT()` (no status code) and tokenizer_manager `_handle_abort_req`.
+ABORT_MESSAGE = "Aborted"
+QUEUE_ABORT_MESSAGE = "Abort in waiting queue"
 
 StepCost = Callable[[int, int, int], float]
 
@@ -82,6 +93,7 @@ class Request:
     __slots__ = (
         "abort_message",
         "abort_status",
+        "aborted_in_queue",
         "admitted_at",
         "arrival",
         "cached_tokens",
@@ -124,7 +136,8 @@ class Request:
         self.cached_tokens = 0
         self.host_cached_tokens = 0
         self.abort_message: str | None = None
-        self.abort_status = 503
+        self.abort_status: int | None = 503
+        self.aborted_in_queue = False
         self.retractions = 0
         self.published = 0
         self.admitted_at: float | None = None
@@ -223,11 +236,42 @@ class Engine:
         request.arrival = self._clock()
         self.waiting.append(request)
 
-    def cancel(self, request: Request, message: str, status: int = 503) -> None:
-        """Abort a request (its client went away); it leaves the engine at the next step."""
-        if not request.finished:
-            request.abort_message = message
-            request.abort_status = status
+    def cancel(self, request: Request, message: str, status: int = 503) -> bool:
+        """Abort a request (its client went away); it leaves the engine at the next step.
+        False when it had already finished or been aborted."""
+        if request.finished or request.aborted:
+            return False
+        request.abort_message = message
+        request.abort_status = status
+        return True
+
+    def abort(self, matches: Callable[[Request], bool]) -> int:
+        """Abort the requests `matches` picks (scheduler `abort_request`): waiting ones are
+        published finished at once, running ones leave at the next step. Returns how many."""
+        kept: deque[Request] = deque()
+        queued: list[Request] = []
+        for request in self.waiting:
+            (queued if matches(request) else kept).append(request)
+        self.waiting = kept
+        marked = [one for one in self.running if not one.aborted and matches(one)]
+        for request in marked:
+            request.abort_message = ABORT_MESSAGE
+            request.abort_status = None
+        now = self._clock()
+        for request in queued:
+            self._finish_in_queue(request, now)
+        return len(queued) + len(marked)
+
+    @staticmethod
+    def _finish_in_queue(request: Request, now: float) -> None:
+        """Publish a request aborted in the queue: no step, no metrics, its waiter told."""
+        request.abort_message = QUEUE_ABORT_MESSAGE
+        request.abort_status = None
+        request.aborted_in_queue = True
+        request.state = RequestState.FINISHED
+        request.finished_at = now
+        if request.on_update is not None:
+            request.on_update()
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; refused (False) while requests run or wait."""
@@ -344,24 +388,34 @@ class Engine:
         self.running.sort(key=lambda request: (request.generated, -request.prompt_len))
         self.running.reverse()
         retracted: list[Request] = []
+        dropped: list[Request] = []
         gained = 0
         while len(self.running) > 1 and self.used_tokens + len(self.running) > self.capacity:
             victim = self.running.pop()
             self.used_tokens -= victim.kv_tokens
             gained += victim.kv_tokens
+            if victim.aborted:  # marked to finish: it leaves now rather than wait in the queue
+                victim.state = RequestState.FINISHED
+                dropped.append(victim)
+                continue
             victim.state = RequestState.WAITING
             victim.retractions += 1
             retracted.append(victim)
         if retracted:
             self._retracted(retracted, gained)
         if self.used_tokens + len(self.running) > self.capacity:
-            last = self.running.pop()
-            self.used_tokens -= last.kv_tokens
+            dropped.append(self._abort_last())
+        return dropped
+
+    def _abort_last(self) -> Request:
+        """The request left alone that still does not fit: aborted (HTTP 500), KV freed."""
+        last = self.running.pop()
+        self.used_tokens -= last.kv_tokens
+        if not last.aborted:
             last.abort_message = POOL_FULL_MESSAGE
             last.abort_status = POOL_FULL_STATUS
-            last.state = RequestState.FINISHED
-            return [last]
-        return []
+        last.state = RequestState.FINISHED
+        return last
 
     def _retracted(self, retracted: list[Request], gained: int) -> None:
         """Requeue retracted requests at the front, re-estimate the ratio, count and log."""

@@ -5,7 +5,11 @@ manager's counters and histograms carry `model_name` and `engine_type` ("unified
 `is_streaming` where SGLang puts it; the scheduler's gauges carry `model_name`, `engine_type`,
 `tp_rank`, `pp_rank` and `moe_ep_rank` (one series: the simulator sums its DP ranks). A
 request is counted when its last output is published, before its final chunk or reply is
-sent; health checks are not counted. Inter-token latency is observed per token, from each
+sent; health checks are not counted, nor requests aborted while they waited in the queue
+(the tokenizer manager answers those without its metrics). `sglang:num_aborted_requests_total`
+moves once per abort the tokenizer manager sends (`abort_request`: a client gone, or POST
+/abort_request with a known rid or `abort_all`), not per request aborted, and not for the
+pool-full aborts the scheduler makes itself. Inter-token latency is observed per token, from each
 output batch (`observe_inter_token_latency`: the interval over the batch's new tokens),
 streamed requests every step and others every 50 tokens. Gauges move only when the engine
 reports statistics (after steps that admit requests and every decode log interval), as
@@ -243,6 +247,10 @@ class SimMetrics:
         """A /generate HTTP request left (answered, dropped or abandoned)."""
         self.inflight -= 1
 
+    def abort_sent(self) -> None:
+        """The tokenizer manager sent an abort (`observe_one_aborted_request`)."""
+        self.aborted.inc()
+
     def on_first_token(self, request: Request) -> None:
         if request.first_token_at is not None and not request.health:
             self.ttft[request.stream].observe(request.first_token_at - request.arrival)
@@ -269,8 +277,6 @@ class SimMetrics:
         self.generation_tokens[streaming].inc(request.generated)
         self._count_cached(request)
         self.num_requests[streaming].inc()
-        if request.aborted:
-            self.aborted.inc()
         if request.finished_at is None:
             return
         self.e2e[streaming].observe(request.finished_at - request.arrival)

@@ -9,6 +9,11 @@ into n samples and the reply into a list (`srt/managers/io_struct.py`, GenerateR
 ContractError (`{"error": "<text>"}`, the JSON contract of `sglang/api/v1/api_types.py`) and
 InvalidRequest (`{"error": {"message": ...}}`, a ValueError in the tokenizer manager), both
 HTTP 400. Unknown top-level keys are ignored; unknown sampling keys are refused.
+
+POST /abort_request takes io_struct's `AbortReq`: `rid` (a string, default empty) and
+`abort_all` (a boolean, default false); other keys are ignored. A body that does not fit is
+FastAPI's validation error, which http_server answers 400 with an `ErrorResponse` (type "Bad
+Request"); its message is pydantic's, approximated here.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from workbench.sim.outputs import tokenize_text
 from workbench.sim.sampling import ContractError, Sampling, decode_sampling, unexpected, verify
 
 __all__ = [
+    "AbortBody",
+    "BadAbort",
     "ContractError",
     "GenerateBatch",
     "GenerateItem",
@@ -34,12 +41,25 @@ __all__ = [
     "contract_error_body",
     "error_body",
     "json_response",
+    "parse_abort",
     "parse_generate",
+    "validation_error_body",
 ]
 
 
 class InvalidRequest(ValueError):
     """A /generate request SGLang would refuse with HTTP 400 `{"error": {"message"}}`."""
+
+
+class BadAbort(ValueError):
+    """An /abort_request body that does not fit `AbortReq` (FastAPI's validation error)."""
+
+
+class AbortBody(NamedTuple):
+    """A parsed /abort_request body."""
+
+    rid: str = ""
+    abort_all: bool = False
 
 
 class Limits(NamedTuple):
@@ -81,6 +101,17 @@ def error_body(message: str) -> dict[str, Any]:
 def contract_error_body(message: str) -> dict[str, Any]:
     """SGLang's reply to a body that breaks the JSON contract (`generate_request`)."""
     return {"error": message}
+
+
+def validation_error_body(message: str) -> dict[str, Any]:
+    """http_server's answer to a body FastAPI cannot validate (`ErrorResponse`, HTTP 400)."""
+    return {
+        "object": "error",
+        "message": message,
+        "type": "Bad Request",
+        "param": None,
+        "code": 400,
+    }
 
 
 def json_response(content: object, status_code: int = 200) -> Response:
@@ -232,7 +263,45 @@ def _check_lengths(prompt_tokens: int, max_new_tokens: int, limits: Limits) -> N
 
 
 def abort_reason(
-    message: str, status_code: int = 503, err_type: str | None = None
+    message: str, status_code: int | None = 503, err_type: str | None = None
 ) -> dict[str, Any]:
     """SGLang's finish_reason of an aborted request (schedule_batch `FINISH_ABORT.to_json`)."""
     return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
+
+
+def parse_abort(raw: bytes) -> AbortBody:
+    """Validate an /abort_request body; BadAbort says what does not fit."""
+    body = _abort_object(raw)
+    rid, abort_all = body.get("rid"), body.get("abort_all", False)
+    if rid is not None and not isinstance(rid, str):
+        raise BadAbort(
+            _validation_message("string_type", ("rid",), "Input should be a valid string", rid)
+        )
+    if not isinstance(abort_all, bool):
+        raise BadAbort(
+            _validation_message(
+                "bool_type", ("abort_all",), "Input should be a valid boolean", abort_all
+            )
+        )
+    return AbortBody(rid or "", abort_all)
+
+
+def _abort_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or BadAbort."""
+    if not raw.strip():
+        raise BadAbort(_validation_message("missing", (), "Field required", None))
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        raise BadAbort(_validation_message("json_invalid", (0,), "JSON decode error", {})) from None
+    if not isinstance(body, dict):
+        raise BadAbort(
+            _validation_message("dict_type", (), "Input should be a valid dictionary", body)
+        )
+    return body
+
+
+def _validation_message(kind: str, loc: tuple[Any, ...], msg: str, value: object) -> str:
+    """FastAPI's `RequestValidationError` text for one error, as http_server joins it."""
+    error = {"type": kind, "loc": ("body", *loc), "msg": msg, "input": value}
+    return f"1 validation error:\n  {error}\n [{error}]"

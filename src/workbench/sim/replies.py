@@ -7,6 +7,11 @@ with a hierarchical cache), `dp_rank` under data parallelism, the scheduler's ti
 `--enable-metrics` (`queue_time`, `forward_entry_time`, `prefill_finished_time`), and, on the
 final reply only, `e2e_latency` (plus `request_received_ts`, `first_token_latency`,
 `request_finished_ts`, `decode_throughput` with metrics). Text and ids are cumulative.
+
+A request aborted while it waited in the queue is answered by `_handle_abort_req` instead:
+meta_info holds only `id`, `finish_reason` (`{"type": "abort", "message": "Abort in waiting
+queue"}`, no status code), `weight_version`, `e2e_latency`, the logprob keys when asked and
+`completion_tokens`; a streamed one carries only its last output id.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def finish_reason(job: Job) -> dict[str, Any] | None:
     request = job.request
     if not request.done:
         return None
+    if request.aborted_in_queue:
+        return {"type": "abort", "message": request.abort_message}
     if request.abort_message is not None:
         return abort_reason(request.abort_message, request.abort_status)
     completion = job.completion
@@ -54,6 +61,8 @@ def finish_reason(job: Job) -> dict[str, Any] | None:
 def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -> dict[str, Any]:
     """The job's reply as published so far; `e2e_latency` is given for the final one only."""
     request = job.request
+    if request.aborted_in_queue:
+        return _queue_abort_reply(job, options, e2e_latency)
     ids = job.completion.output_ids[: request.published]
     finish = finish_reason(job)
     meta: dict[str, Any] = {
@@ -83,6 +92,23 @@ def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -
         if options.enable_metrics:
             meta.update(_final_times(job, e2e_latency))
     return {"text": _text(job, ids, finish, options), "output_ids": ids, "meta_info": meta}
+
+
+def _queue_abort_reply(
+    job: Job, options: ReplyOptions, e2e_latency: float | None
+) -> dict[str, Any]:
+    """tokenizer_manager `_handle_abort_req`: the reply of a request aborted in the queue."""
+    ids = job.completion.output_ids[: job.request.published]
+    finish = finish_reason(job)
+    meta: dict[str, Any] = {"id": job.item.rid, "finish_reason": finish}
+    meta["weight_version"] = WEIGHT_VERSION
+    if e2e_latency is not None:
+        meta["e2e_latency"] = e2e_latency
+    if job.item.logprob is not None:
+        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model))
+    meta["completion_tokens"] = len(ids)
+    text = _text(job, ids, finish, options)
+    return {"text": text, "output_ids": ids[-1:] if job.request.stream else ids, "meta_info": meta}
 
 
 def _text(job: Job, ids: list[int], finish: dict[str, Any] | None, options: ReplyOptions) -> str:

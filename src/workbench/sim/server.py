@@ -1,6 +1,10 @@
 """The simulated server's state: engines per data-parallel rank, metrics, faults, info replies.
 
-Prompts go to the ranks round robin, as SGLang's data-parallel controller sends them.
+Prompts go to the ranks round robin, as SGLang's data-parallel controller sends them. The
+server knows its unfinished jobs by rid, as the tokenizer manager's `rid_to_state`, for
+POST /abort_request (`abort_request`): an unknown or empty rid is ignored; a known one aborts,
+on every rank, each request whose rid starts with it (the scheduler matches by prefix); and
+`abort_all` aborts everything.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class SimServer:
             config.dp_size > 1,
         )
         self._ranks = itertools.cycle(enumerate(self.loops))
+        self._live: set[Job] = set()  # unfinished jobs, health checks left out
 
     def _engine(self, rank: int, log: Callable[[str], None] | None) -> Engine:
         if log is not None and self.config.dp_size > 1:
@@ -131,18 +136,44 @@ class SimServer:
             sampling.max_new_tokens,
             hashes=block_hashes(item.input_ids),
             stream=stream,
-            on_update=on_update,
             health=health,
         )
         rank, loop = next(self._ranks)
-        loop.submit(request)
         job = Job(item, completion, request, loop.engine, rank)
         job.reasoning_length = reasoning_length(completion.output_ids, self.model)
+        request.on_update = partial(self._updated, job, on_update)
+        if not health:
+            self._live.add(job)
+        loop.submit(request)
         return job
 
+    def _updated(self, job: Job, on_update: Callable[[], None]) -> None:
+        """A job's request published: forget it once done, then tell its waiter."""
+        if job.request.done:
+            self._live.discard(job)
+        on_update()
+
     def cancel(self, job: Job) -> None:
-        """Abort a job whose client went away."""
-        job.engine.cancel(job.request, CLIENT_GONE_MESSAGE)
+        """Abort a job whose client went away (the tokenizer manager's abort, counted)."""
+        self._live.discard(job)
+        if job.engine.cancel(job.request, CLIENT_GONE_MESSAGE):
+            self.metrics.abort_sent()
+
+    def abort_request(self, rid: str, *, abort_all: bool = False) -> int:
+        """POST /abort_request (tokenizer_manager `abort_request`, scheduler `abort_request`);
+        returns how many requests it aborted. Waiting ones are answered at once, running
+        ones at the next step."""
+        if not abort_all and not self._knows(rid):
+            return 0
+        self.metrics.abort_sent()
+        if abort_all:
+            return sum(engine.abort(_everything) for engine in self.engines)
+        targets = {job.request for job in self._live if job.item.rid.startswith(rid)}
+        return sum(engine.abort(targets.__contains__) for engine in self.engines)
+
+    def _knows(self, rid: str) -> bool:
+        """Whether `rid` names an unfinished request (an empty one never does)."""
+        return bool(rid) and any(job.item.rid == rid for job in self._live)
 
     def job_reply(self, job: Job, e2e_latency: float | None = None) -> dict[str, Any]:
         """The job's reply as published so far; `e2e_latency` only on the final one."""
@@ -302,6 +333,11 @@ def local_tokenizer_path(model_profile: str) -> str | None:
     except InputError:
         return None
     return str(folder) if (folder / "tokenizer.json").is_file() else None
+
+
+def _everything(request: Request) -> bool:
+    """`abort_all`: every request matches."""
+    return True
 
 
 def _tagged(log: Callable[[str], None], tag: str, line: str) -> None:
