@@ -67,7 +67,8 @@ def cycle_on_records(index: int, argv: list[str], work: Path, sim: Any, restart:
 def test_short_soak_loses_and_repeats_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     soak = load_soak()
     monkeypatch.setattr(soak, "_cycle", cycle_on_records)
-    config = soak.SoakConfig(cycles=5, samples=240, seed=11, restarts=1, torn_rate=1.0, work=tmp_path)
+    config = soak.SoakConfig(cycles=5, samples=240, seed=11, restarts=1, torn_rate=1.0, work=tmp_path,
+                             disk_cycles=0)  # full disks: test_nothing_lost, event by event
     said: list[str] = []
     result = soak.run_soak(config, say=said.append)
     figures = soak.format_figures(result)
