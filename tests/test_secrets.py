@@ -92,7 +92,8 @@ def test_the_run_manifest_drops_a_key_the_server_reports_and_url_credentials(tmp
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids", "max_samples": 5}]))
 
     async def go() -> None:
-        async with SGLangClient("http://user:pw@gpu:30000", api_key=KEY,
+        # URL credentials and an API key together are refused (test_client_urls.py)
+        async with SGLangClient("http://user:pw@gpu:30000",
                                 transport=httpx.MockTransport(server)) as client:
             summary = await run_generation(manifest, client, tmp_path / "out", GenerateOptions(preflight=True))
             assert summary.datasets["ids"].done == 5

@@ -8,8 +8,12 @@ quick verb does not pay for the whole stack.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -19,6 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 EXIT_INPUT = 2
+EXIT_STORAGE = 74  # sysexits' EX_IOERR: a file could not be written (full disk, I/O error)
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE (13): what a shell reports of a tool SIGPIPE killed
+EXIT_SIGTERM = 143  # 128 + SIGTERM (15)
+# Verbs that stop gracefully on SIGTERM by their own handlers (a run, a sweep, a server) or
+# that only wait on a child (explore): main leaves their SIGTERM alone.
+OWN_SIGTERM_VERBS = frozenset({"generate", "demo", "sim", "tune", "explore"})
 
 
 def _err(message: str) -> None:
@@ -64,10 +74,13 @@ def _check_out_dir(path: Path) -> None:
 
 
 def _server_url(text: str) -> str:
-    """--server as the client needs it; each fix is said on stderr."""
-    from workbench.server.client import server_base_url
+    """--server as the client needs it; each fix is said on stderr (never with the URL's
+    credentials or query). ConfigError when the URL holds credentials and an API key is set
+    in the environment too."""
+    from workbench.server.client import api_key_from_env, check_server_auth, server_base_url
 
     url, notices = server_base_url(text)
+    check_server_auth(url, api_key_from_env())
     for notice in notices:
         print(f"workbench: note: {notice}", file=sys.stderr, flush=True)
     return url
@@ -151,11 +164,14 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after Ctrl-C (30)")
     p.add_argument("--request-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
-                   help="seconds a reply may take before the attempt counts as failed and is "
-                        "retried (3600)")
+                   help="seconds a whole reply may take, from the request's start, before the "
+                        "attempt counts as failed, is aborted on the server and retried (3600)")
     p.add_argument("--server-wait", type=_positive_float, default=3600.0, metavar="SECONDS",
                    help="while the server cannot be reached, requests wait for it; stop the run "
                         "after this long (3600)")
+    p.add_argument("--disk-wait", type=_positive_float, default=1800.0, metavar="SECONDS",
+                   help="while a write fails (disk full, I/O error), sending pauses and replies "
+                        "are held; stop the run after this long (1800)")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -176,6 +192,7 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
         progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
+        disk_wait=args.disk_wait,
     )
 
 
@@ -190,7 +207,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def generate_exit_code(summary: RunSummary) -> int:
-    """130 when stopped, 1 when prompts failed after all their attempts, else 0."""
+    """74 (EX_IOERR) when a failed write stopped the run or left lines unwritten, 130 when
+    stopped, 1 when prompts failed after all their attempts, else 0."""
+    if summary.storage_error is not None or summary.unwritten:
+        return EXIT_STORAGE
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0
@@ -501,9 +521,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- main
 def _server_message(exc: Exception) -> str:
     """The error on one line, naming the URL when the message does not already, with a hint
-    where the URL is probably wrong (a 404 on the info paths)."""
-    message = " ".join(str(exc).split())
+    where the URL is probably wrong (a 404 on the info paths); no URL in it shows credentials
+    or a query string."""
+    from workbench.server.client import redact_url, redact_urls_in
+
+    message = redact_urls_in(" ".join(str(exc).split()))
     url = getattr(exc, "url", None)
+    url = redact_url(url) if url else None
     message = f"{url}: {message}" if url and url not in message else message
     if url and getattr(exc, "http_status", None) == 404:
         message += _not_found_hint(url)
@@ -541,17 +565,89 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from workbench.errors import InputError, LaunchError, ServerError
-
-    args = build_parser().parse_args(argv)
+    """Run the verb of argv; its exit code. A closed stdout ends quietly with 141; SIGTERM
+    ends a verb without handlers of its own through its cleanups, with 143."""
     try:
-        return int(args.func(args))
+        args = _parse(argv)
+        with _sigterm_exits(args.command not in OWN_SIGTERM_VERBS):
+            return _run(args)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        return _stdout_closed()
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """argv parsed; what --help and --version print is flushed here, where a closed stdout
+    is caught, before they exit."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        sys.stdout.flush()
+        raise
+
+
+@contextlib.contextmanager
+def _sigterm_exits(enabled: bool) -> Iterator[None]:
+    """While inside (when enabled, in the main thread), SIGTERM raises SystemExit(143) where
+    the program is, so `finally` blocks run (temp files removed); a second SIGTERM kills."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: object) -> NoReturn:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise SystemExit(EXIT_SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR); True where
+    poll cannot tell."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
+def _stdout_closed() -> int:
+    """stdout's reader is gone (``workbench stats OUT | head -1``): devnull goes onto stdout so
+    the interpreter's last flush does not fail again (the Python docs' note on SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_SIGPIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The verb's exit code; expected failures print one line and give 2 (74: a file could
+    not be written; 130: Ctrl-C)."""
+    from workbench.errors import InputError, LaunchError, ServerError, StorageError
+
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed stdout fails here, not in the interpreter's last flush
+        return code
     except (InputError, LaunchError) as exc:
         _err(str(exc))
         return EXIT_INPUT
     except ServerError as exc:  # unreachable, or answering in a way no run can use
         _err(_server_message(exc))
         return EXIT_INPUT
+    except StorageError as exc:  # a full disk, an I/O error, a read-only file system
+        _err(str(exc))
+        return EXIT_STORAGE
     except KeyboardInterrupt:
         _err("interrupted")
         return 130

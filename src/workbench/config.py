@@ -10,7 +10,8 @@ key, or of the mapping that misses it):
 
 `load_manifest` loads the dataset manifest of a generation job, checks what the types cannot
 (safe unique dataset names, a known model profile, files that exist) and resolves every path
-relative to the YAML file.
+relative to the YAML file. Each loaded dataset keeps its `origin` (file, index, key lines), so
+an error about one of its rows can name the manifest key behind it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workbench.profiles import get_profile
 
 __all__ = [
     "DATASET_NAME_PATTERN",
+    "DatasetOrigin",
     "DatasetSpec",
     "InputMode",
     "Manifest",
@@ -78,12 +80,29 @@ class SamplingOverride(msgspec.Struct, forbid_unknown_fields=True):
     max_new_tokens: Positive | None = None
 
 
-class DatasetSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """One dataset of the manifest.
+class DatasetOrigin(msgspec.Struct, frozen=True):
+    """Where a dataset is written in its manifest: the file (as given), the dataset's index
+    in `datasets` and the YAML line of the item (`item_line`) and of each key it sets."""
 
-    After `load_manifest`, `path` and `tokenizer` are absolute (`tokenizer` falls back to the
-    manifest's) and `trust_remote_code` is true when the dataset or the manifest says so.
-    """
+    source: str
+    index: int
+    item_line: int | None = None
+    lines: dict[str, int] = {}
+
+    def setting(self, key: str, value: object) -> str:
+        """The manifest setting `key` as a message names it: ``datasets[2].id_field: id,
+        params/datasets.yaml:12``, or for a key left out ``datasets[2].id_field defaults to
+        sample_id, params/datasets.yaml:10`` (the item's line)."""
+        path = f"datasets[{self.index}].{key}"
+        line = self.lines.get(key)
+        if line is not None:
+            return f"{path}: {value}, {self.source}:{line}"
+        where = f"{self.source}:{self.item_line}" if self.item_line else self.source
+        return f"{path} defaults to {value}, {where}"
+
+
+class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """One dataset as the manifest YAML writes it."""
 
     name: str
     path: str
@@ -98,11 +117,22 @@ class DatasetSpec(msgspec.Struct, forbid_unknown_fields=True):
     order: Order | None = None  # None: the manifest's
 
 
+class DatasetSpec(_DatasetEntry, forbid_unknown_fields=True):
+    """One dataset of the manifest.
+
+    After `load_manifest`, `path` and `tokenizer` are absolute (`tokenizer` falls back to the
+    manifest's), `trust_remote_code` is true when the dataset or the manifest says so, and
+    `origin` says where the manifest writes it (None for a spec built in code).
+    """
+
+    origin: DatasetOrigin | None = None
+
+
 class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
     """The manifest YAML as written."""
 
     model_profile: str
-    datasets: list[DatasetSpec]
+    datasets: list[_DatasetEntry]
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     tokenizer: str | None = None
     trust_remote_code: bool = False
@@ -390,7 +420,11 @@ def _load_manifest(path: str | Path) -> Manifest:
     top = msgspec.structs.replace(
         raw, tokenizer=_resolve_dir(raw.tokenizer, base, "tokenizer", source)
     )
-    datasets = [_resolve_dataset(ds, i, top, base, source) for i, ds in enumerate(top.datasets)]
+    lines = _file_key_lines(Path(path))
+    datasets = [
+        _resolve_dataset(ds, _origin(source, i, lines), top, base)
+        for i, ds in enumerate(top.datasets)
+    ]
     return Manifest(
         source=source,
         model_profile=top.model_profile,
@@ -415,7 +449,23 @@ def _check_sampling(sampling: Sampling | SamplingOverride, key: str, source: str
         raise ConfigError(f"{key}.top_k", f"expected -1 (off) or an int >= 1, got {top_k}", source)
 
 
-def _check_names(datasets: list[DatasetSpec], source: str) -> None:
+def _file_key_lines(path: Path) -> dict[str, int]:
+    """The YAML line of every key path of the manifest file ({} when it cannot be read)."""
+    try:
+        return key_lines(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return {}
+
+
+def _origin(source: str, index: int, lines: dict[str, int]) -> DatasetOrigin:
+    """Where dataset `index` is written in the manifest, from the file's key lines."""
+    prefix = f"datasets[{index}]."
+    keys = {k.removeprefix(prefix): v for k, v in lines.items()
+            if k.startswith(prefix) and "." not in k.removeprefix(prefix)}
+    return DatasetOrigin(source, index, lines.get(f"datasets[{index}]"), keys)
+
+
+def _check_names(datasets: list[_DatasetEntry], source: str) -> None:
     if not datasets:
         raise ConfigError("datasets", "at least one dataset is needed", source)
     first_index: dict[str, int] = {}
@@ -437,11 +487,11 @@ def _check_names(datasets: list[DatasetSpec], source: str) -> None:
 
 
 def _resolve_dataset(
-    ds: DatasetSpec, i: int, top: _ManifestFile, base: Path, source: str
+    ds: _DatasetEntry, origin: DatasetOrigin, top: _ManifestFile, base: Path
 ) -> DatasetSpec:
-    """The dataset with absolute paths and the top level's defaults, after the checks that
-    need the manifest around it (`top.tokenizer` is already resolved)."""
-    key = f"datasets[{i}]"
+    """The dataset with absolute paths, the top level's defaults and its origin, after the
+    checks that need the manifest around it (`top.tokenizer` is already resolved)."""
+    key, source = f"datasets[{origin.index}]", origin.source
     if ds.sampling is not None:
         _check_sampling(ds.sampling, f"{key}.sampling", source)
     if ds.chat_template_kwargs and ds.input != "messages":
@@ -457,13 +507,13 @@ def _resolve_dataset(
     if not data_path.is_file():
         reason = "not a regular file" if data_path.exists() else "file not found"
         raise ConfigError(f"{key}.path", f"{reason}: {data_path}", source)
-    return msgspec.structs.replace(
-        ds,
-        path=str(data_path),
-        tokenizer=ds_tokenizer,
-        trust_remote_code=ds.trust_remote_code or top.trust_remote_code,
-        order=ds.order or top.order,
-    )
+    resolved = {
+        "path": str(data_path),
+        "tokenizer": ds_tokenizer,
+        "trust_remote_code": ds.trust_remote_code or top.trust_remote_code,
+        "order": ds.order or top.order,
+    }
+    return DatasetSpec(**{**msgspec.structs.asdict(ds), **resolved}, origin=origin)
 
 
 def _resolve(path: str, base: Path) -> Path:

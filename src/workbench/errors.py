@@ -16,6 +16,8 @@
     │       ├── RequestTimeout      no reply within the timeout: retried
     │       ├── ConnectionLost      connection refused, reset or dropped: retried
     │       └── ProtocolError       a reply that is not SGLang's shape (HTML page, bad JSON)
+    ├── StorageError                a file could not be written (disk full, I/O error,
+    │                                   read-only): names the file and the free space
     ├── LaunchError                 a server process failed to start or died early
     └── ReportError                 a report notebook failed to execute (names the cell)
 """
@@ -38,6 +40,7 @@ __all__ = [
     "ServerBusy",
     "ServerError",
     "ServerUnreachable",
+    "StorageError",
     "WorkbenchError",
 ]
 
@@ -123,6 +126,18 @@ class ConnectionLost(RequestFailed):
 
 class ProtocolError(RequestFailed):
     error_type = "protocol"
+
+
+class StorageError(WorkbenchError):
+    """A file could not be written: the message names it, the reason and the free space."""
+
+    def __init__(self, path: object, reason: str, free: int | None = None,
+                 errno: int | None = None) -> None:
+        self.path = str(path)
+        self.reason = reason
+        self.free = free
+        self.errno = errno
+        super().__init__(f"{self.path}: cannot write: {reason}")
 
 
 class LaunchError(WorkbenchError):

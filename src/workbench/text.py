@@ -1,4 +1,4 @@
-"""How the workbench writes numbers for people: counts, durations, rates and plain tables.
+"""How the workbench writes numbers for people: counts, sizes, durations, rates, plain tables.
 
 One place for these, so the stats table, the progress lines, the monitor, the reports and
 the tuning summary say ``12.5m`` and ``12,345`` alike.
@@ -8,12 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_count", "format_duration", "format_rate", "format_table"]
+__all__ = ["format_bytes", "format_count", "format_duration", "format_rate", "format_table"]
 
 
 def format_count(value: float | None) -> str:
     """``12,345``; ``-`` for unknown."""
     return "-" if value is None else f"{value:,.0f}"
+
+
+def format_bytes(size: float | None) -> str:
+    """``0 B``, ``512 B``, ``3.4 KiB``, ``12.0 MiB``, ``1.2 GiB``; ``-`` for unknown."""
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -218,11 +218,15 @@ def test_absent_counts_are_missing_never_zero(tmp_path: Path) -> None:
     assert ds.finish_reasons == {"stop": 3, "missing": 1}
 
 
-def test_counts_past_64_bits_are_summed_exactly_and_ranked_at_the_bounds(tmp_path: Path) -> None:
+def test_counts_past_64_bits_are_summed_exactly_and_negative_ones_are_missing(
+    tmp_path: Path,
+) -> None:
     huge, below = (1 << 64) + 5, -(1 << 63) - 1  # JSON holds any integer
-    write(tmp_path / "A" / "raw_responses.jsonl", [flat(1, huge), flat(2, below), flat(3, 7)])
+    write(tmp_path / "A" / "raw_responses.jsonl",
+          [flat(1, huge), flat(2, below), flat(3, 7), flat(4, -3)])
     ds = collect_stats(tmp_path, now=NOW).datasets["A"]
-    assert ds.records == 3 and ds.completion_tokens == huge + below + 7
+    assert ds.records == 4 and ds.completion_tokens == huge + 7
+    assert ds.missing_completion_tokens == 2  # a negative count is no count, never summed
     assert ds.max_completion_tokens == (1 << 63) - 1 and ds.percentiles[0] == 7
 
 

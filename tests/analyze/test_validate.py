@@ -83,7 +83,7 @@ def findings(report: Any, name: str = "ds") -> dict[str, Any]:
     ([TS, 101, TE, 201, END], "stop", {"stray_think_start"}),
     ([101, TE, 201, TE, 202, END], "stop", {"stray_think_end"}),
     ([101, 163840, TE, 201, END], "stop", {"id_out_of_vocab"}),
-    ([-1, 101, TE, 201, END], "stop", {"id_out_of_vocab"}),
+    ([-1, 101, TE, 201, END], "stop", {"missing_field"}),  # of the wrong type: no ids
     ([2**64 - 1, 101, TE, 201, END], "stop", {"id_out_of_vocab"}),
     ([], "stop", {"empty_output"}),
     ([END], "stop", {"empty_output"}),

@@ -297,6 +297,9 @@ def test_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
         {"sample_id": 7, "input_ids": [2]},
     ]
     path = write_jsonl(tmp_path / "p.jsonl", rows)
+    assert data_error(spec(path)) == (
+        f"{path}:2: sample_id '7' collides with sample_id 7 at line 1 (ids must stay distinct as text)")
+    path = write_jsonl(tmp_path / "p.jsonl", [rows[0], {"sample_id": 8, "input_ids": [1]}, rows[2]])
     assert data_error(spec(path)) == f"{path}:3: duplicate sample_id 7 (first at line 1)"
 
 

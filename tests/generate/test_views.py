@@ -79,7 +79,7 @@ def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
         "rerun the same command to retry the failed prompts"]
     assert "(sample_id s0, s1, s2, s3, s4, ...;" in summary_lines(summary(False, failed=7), Path("o"), command)[-2]
     assert summary_lines(summary(True, dropped=7), Path("o"), command)[-1] == (
-        "stopped: 7 in-flight requests dropped (sent again on resume); "
+        "stopped: 7 prompts unfinished, in flight or waiting for a retry (sent again on resume); "
         "to resume, run: workbench generate --out 'o dir'")
 
 
@@ -121,8 +121,8 @@ def test_stop_then_resume_say_so(tmp_path: Path, start_sim: Callable[..., Server
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     stop = stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"stopped: (\d+) in-flight requests dropped \(sent again on resume\); "
-                         r"to resume, run: workbench generate .*", stop)
+    match = re.fullmatch(r"stopped: (\d+) prompts unfinished, in flight or waiting for a retry "
+                         r"\(sent again on resume\); to resume, run: workbench generate .*", stop)
     assert match and int(match.group(1)) > 0, stop
     written = raw.read_bytes().count(b"\n")
     again = workbench(*argv)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workbench.errors import StorageError
 from workbench.rundir.records import (
     SCHEMA_VERSION,
     ErrorRecord,
@@ -21,6 +23,7 @@ from workbench.rundir.records import (
     Record,
     Row,
     encode_line,
+    is_finished,
     iter_blocks,
     parse_lines,
     read_rows,
@@ -140,6 +143,7 @@ def test_flat_record_reads_back_whole() -> None:
         e2e_latency=1.5,
         ts=1750000000.0,
         output_ids=[100, 101, 102],
+        has_output_ids=True,
     )
 
 
@@ -330,12 +334,35 @@ def test_wrong_nested_types_spare_their_neighbours() -> None:
     assert "choices[0].finish_reason" in problems[0].detail
 
 
-def test_wrong_output_ids_only_matter_when_asked() -> None:
-    line = {"sample_id": 1, "completion_tokens": 2, "output_ids": [1, "two"]}
-    assert one(line)[1] == []
-    row, problems = one(line, with_output_ids=True)
-    assert row is not None and row.output_ids is None and row.completion_tokens == 2
-    assert [p.kind for p in problems] == ["bad_type"]
+@pytest.mark.parametrize("ids", [[1, "two"], [1, -2]])
+def test_wrong_output_ids_are_a_problem_whether_the_ids_are_read_or_not(
+    tmp_path: Path, ids: list[Any]
+) -> None:
+    path = write(tmp_path / "raw.jsonl", record(1),
+                 {"sample_id": 2, "completion_tokens": 2, "output_ids": ids}, record(3))
+    for with_ids in (False, True):
+        rows, problems = read_rows(path, with_output_ids=with_ids)
+        bad = rows[1]
+        assert bad.output_ids is None and not bad.has_output_ids and bad.completion_tokens == 2
+        assert [(p.line, p.kind) for p in problems] == [(2, "bad_type")]
+        assert "output_ids" in problems[0].detail
+        assert [is_finished(r) for r in rows] == [True, False, True]
+
+
+def test_a_nul_byte_in_an_id_array_makes_the_line_malformed_for_every_reader(
+    tmp_path: Path,
+) -> None:
+    """A crash can leave zero-filled pages inside a line: the fast readers (stats, resume)
+    and the id readers (validate, export) all call that line malformed."""
+    path = tmp_path / "raw.jsonl"
+    bad = encode_line(record(2)).replace(b"[100,101", b"[100,\x00\x00101")
+    assert b"\x00" in bad
+    path.write_bytes(encode_line(record(1)) + bad + encode_line(record(3)))
+    for with_ids in (False, True):
+        rows, problems = read_rows(path, with_output_ids=with_ids)
+        assert [r.sample_id for r in rows] == [1, 3]
+        assert [(p.line, p.kind) for p in problems] == [(2, "malformed")]
+    assert read_sample_ids(path) == ({1, 3}, [])
 
 
 def test_malformed_not_object_and_blank_lines_are_numbered_exactly(tmp_path: Path) -> None:
@@ -581,6 +608,67 @@ def test_appender_is_shared_by_asyncio_tasks(tmp_path: Path) -> None:
     asyncio.run(main())
     rows, problems = read_rows(path)
     assert problems == [] and len({r.sample_id for r in rows}) == 200
+
+
+class ShortThenFail:
+    """os.write that, from the `at`-th call, writes part of what it is given, then fails."""
+
+    def __init__(self, at: int, error: int = 28) -> None:
+        self.at, self.error, self.calls = at, error, 0
+
+    def __call__(self, fd: int, data: memoryview) -> int:
+        self.calls += 1
+        if self.calls < self.at:
+            return os.write(fd, data)
+        if self.calls == self.at:
+            return os.write(fd, data[: len(data) // 3])
+        raise OSError(self.error, os.strerror(self.error))
+
+
+@pytest.mark.parametrize("error", [28, 5, 30])  # ENOSPC, EIO, EROFS
+def test_a_failed_append_is_cut_back_to_the_last_whole_line(tmp_path: Path, error: int) -> None:
+    path = tmp_path / "raw.jsonl"
+    fail = ShortThenFail(at=3, error=error)
+    with JsonlAppender(path, write=fail) as appender:
+        appender.append(record(1))
+        appender.append(record(2))
+        before = path.read_bytes()
+        with pytest.raises(StorageError, match=rf"raw.jsonl: cannot write: {os.strerror(error)} \("):
+            appender.append_many([record(3), record(4)])
+        assert path.read_bytes() == before  # no part of the failed lines is left
+        fail.at = 10**9  # the space is back: the same lines go again, whole
+        appender.append_many([record(3), record(4)])
+    rows, problems = read_rows(path)
+    assert problems == [] and [r.sample_id for r in rows] == [1, 2, 3, 4]
+
+
+def test_a_cut_that_fails_is_done_before_the_next_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "raw.jsonl"
+    with JsonlAppender(path, write=ShortThenFail(at=2)) as appender:
+        appender.append(record(1))
+        real_truncate = os.ftruncate
+
+        def broken(fd: int, size: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "ftruncate", broken)
+        with pytest.raises(StorageError):
+            appender.append(record(2))
+        assert not path.read_bytes().endswith(b"\n")  # the partial line is still there
+        with pytest.raises(StorageError, match="Input/output error"):
+            appender.append(record(2))  # nothing is appended after a partial line
+        monkeypatch.setattr(os, "ftruncate", real_truncate)
+        appender._write_call = os.write  # the disk works again
+        appender.append(record(2))
+    rows, problems = read_rows(path)
+    assert problems == [] and [r.sample_id for r in rows] == [1, 2]
+
+
+def test_an_appender_that_cannot_open_its_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match=r"nope/raw.jsonl: cannot write: No such file"):
+        JsonlAppender(tmp_path / "nope" / "raw.jsonl")
 
 
 # --- sample ids ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.errors import ConfigError, DataError
+from workbench.errors import ConfigError, DataError, StorageError
 from workbench.rundir import files, manifest
 from workbench.rundir.files import set_aside, write_atomic, write_lines_atomic
 from workbench.rundir.layout import find_datasets
@@ -73,7 +73,7 @@ def test_a_failed_write_keeps_the_old_manifest(tmp_path: Path, monkeypatch: pyte
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", no_space)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(StorageError, match=r"run.json: cannot write: No space left on device \("):
         write_manifest(tmp_path, {"model": "new"})
     assert read_manifest(tmp_path) == {"model": "old"}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]

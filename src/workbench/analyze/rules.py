@@ -51,7 +51,7 @@ import msgspec
 import numpy as np
 
 from workbench.profiles import ModelProfile
-from workbench.rundir.records import Row
+from workbench.rundir.records import Row, missing_fields
 
 __all__ = [
     "PROBLEM_RULES",
@@ -135,24 +135,7 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return value if isinstance(value, float) else None
 
 
-_REQUIRED = ("sample_id", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason")
-
-_REQUIRED_FLAT = (*_REQUIRED, "cached_tokens", "e2e_latency", "ts")
-
 _ENDED_EARLY = ("length", "abort")
-
-
-def _missing_fields(row: Row) -> list[str]:
-    """Contract fields of row that could not be read."""
-    if (
-        row.sample_id is not None and row.output_ids is not None and row.prompt_tokens is not None
-        and row.completion_tokens is not None and row.finish_reason is not None
-        and (row.layout != "flat" or (row.cached_tokens is not None
-                                      and row.e2e_latency is not None and row.ts is not None))
-    ):
-        return []
-    names = _REQUIRED_FLAT if row.layout == "flat" else _REQUIRED
-    return [name for name in names if getattr(row, name) is None]
 
 
 class _IdStats(NamedTuple):
@@ -287,7 +270,7 @@ class RecordChecker:
 
     def _row_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        missing = _missing_fields(row)
+        missing = missing_fields(row)
         if missing:
             found.append(("missing_field", "cannot read " + ", ".join(missing)))
         ids = row.output_ids

@@ -9,7 +9,8 @@
                        digest are kept for the manifest written beside the file
 
 Rows are written to a temporary file beside the target and renamed over it at the end
-(:func:`atomic_sink`), so a failed export leaves the target as it was.
+(:func:`atomic_sink`), so a failed export leaves the target as it was; temp files of the
+target that a killed export left are removed first (:mod:`workbench.rundir.files`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from workbench.errors import ConfigError
 from workbench.export.options import ExportFormat
 from workbench.export.trainers import RowEntry, row_digest
+from workbench.rundir.files import remove_stale_temps, temp_path
 
 __all__ = ["JSONL_SUFFIXES", "PARQUET_SUFFIXES", "ROW_GROUP_ROWS", "ConversationLine", "OutRow",
            "Sink", "Tokens", "TrainerSink", "atomic_sink", "sink_factory"]
@@ -182,7 +184,8 @@ def atomic_sink(target: Path, fmt: ExportFormat, trainer: str | None) -> Iterato
     make = sink_factory(target, fmt, trainer)
     if not target.parent.is_dir():
         raise ConfigError("--to", f"directory not found: {target.parent}")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    remove_stale_temps(target)
+    tmp = temp_path(target)
     sink = make(tmp)
     try:
         yield sink

@@ -2,7 +2,10 @@
 
     prompts      dataset files (JSONL, Parquet) turned into the prompts sent
     plan         what to send: datasets, order, budgets, the resume check (no asyncio)
-    dispatch     requests in flight, retries, the outage gate, the writer
+    resume       what an earlier run left: finished records, rejected lines, prompts sent
+    dispatch     requests in flight, retries, deadlines and aborts, the outage gate
+    writer       records on disk whole, counted once there, held while the disk says no
+    gate         the pause of the whole run while the server or the disk is gone
     session      run_generation: probe, preflight, the writer's lock, the run
     progress     the live counters and the progress line
     views        progress lines and bars, the closing summary

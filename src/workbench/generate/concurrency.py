@@ -260,6 +260,7 @@ class Steering:
     interval: float = 2.0
     clock: Callable[[], float] = time.perf_counter
     on_mode: Callable[[str], None] = lambda message: None
+    frozen: bool = False  # the run is stopping: the cap stays where it is
     _start: float = 0.0
     _tokens: int = 0
     _requests: int = 0
@@ -271,15 +272,18 @@ class Steering:
 
     def failed(self) -> None:
         """A request failed because of the server (timeout, 5xx, lost connection, ...)."""
-        self.limiter.set_limit(self.auto.on_error(self.clock() - self._start))
+        if not self.frozen:
+            self.limiter.set_limit(self.auto.on_error(self.clock() - self._start))
 
     async def run(self) -> None:
         self._start = self.clock()
         self.limiter.set_limit(self.auto.start(0.0))
         mode: str | None = None
         window = self.clock()
-        while True:
+        while not self.frozen:
             await asyncio.sleep(self.interval)
+            if self.frozen:
+                return
             now = self.clock()
             readings = await self.read()
             if readings is not None:
@@ -335,9 +339,20 @@ class Slots:
         return None if self.steering is None else asyncio.create_task(self.steering.run())
 
     async def acquire(self, long: bool) -> None:
+        """One slot (and a long one for a long prompt); nothing held when cancelled."""
         if long:
             await self._long.acquire()
-        await self.limiter.acquire()
+        try:
+            await self.limiter.acquire()
+        except BaseException:
+            if long:
+                self._long.release()
+            raise
+
+    def freeze(self) -> None:
+        """The run is stopping: auto concurrency moves the cap no more."""
+        if self.steering is not None:
+            self.steering.frozen = True
 
     def release(self, long: bool) -> None:
         self.limiter.release()

@@ -17,9 +17,16 @@ through one `SGLangClient`:
 - Outage: a connection failure pauses every request until the server answers ``/health``
   again (a restart, a crash), so an outage does not spend the prompts' attempts; after
   ``server_wait`` seconds without an answer the run stops as if interrupted.
-- Stop: :meth:`Runner.request_stop` (first Ctrl-C) stops sending and lets in-flight
-  requests finish within a grace period; a second call cancels them. Records are appended
-  as whole lines either way.
+- Disk: every line goes through the :class:`~workbench.generate.writer.RunWriter`; a reply
+  counts as done once its record is on disk. A failed write stops sending at once and holds
+  the lines until space comes back (``disk_wait`` seconds at most; then the run stops and
+  says which file, why and how much space is left).
+- Deadline: an attempt that has no whole reply after ``request_timeout`` seconds (however
+  slowly its bytes trickle in) fails as a timeout, and the server is asked to abort it
+  (``/abort_request`` with the request's ``rid``), as it is for requests cut by a stop.
+- Stop: :meth:`Runner.request_stop` (first Ctrl-C) stops sending at once (auto
+  concurrency stops steering) and lets in-flight requests finish within a grace period; a
+  second call cancels them. Records are appended as whole lines either way.
 - run.json: written when the run opens, whenever the concurrency cap moved (its history,
   for the monitor) and when the run ends (which budgets stopped their dataset).
 """
@@ -38,9 +45,10 @@ from typing import Any
 import msgspec
 
 from workbench.config import Manifest
-from workbench.errors import ConnectionLost, RequestFailed
+from workbench.errors import ConnectionLost, RequestFailed, RequestTimeout, StorageError
 from workbench.generate.budget import BudgetProjection
 from workbench.generate.concurrency import ServerReading, Slots, read_servers
+from workbench.generate.gate import Gate, Notes
 from workbench.generate.plan import (
     GenerateOptions,
     Plan,
@@ -50,71 +58,35 @@ from workbench.generate.plan import (
 )
 from workbench.generate.progress import DatasetProgress, RunSummary
 from workbench.generate.prompts import Prompt
+from workbench.generate.writer import RunWriter
 from workbench.rundir.manifest import with_session, write_manifest
 from workbench.rundir.records import ErrorRecord, JsonlAppender, Record
-from workbench.server.client import GenerateResult, SGLangClient, api_key_from_env, redact_url
+from workbench.server.client import (
+    GenerateResult,
+    SGLangClient,
+    api_key_from_env,
+    check_reply,
+    redact_url,
+)
 from workbench.text import format_duration
 
 __all__ = ["Runner"]
 
 
-class _ServerGate:
-    """Open while the server answers; closed by a connection failure until `/health` answers.
-
-    One prober coroutine polls `/health` with a growing interval (0.5 s to 10 s) and reports the
-    outage through `say`; after `wait_limit` seconds it calls `give_up` and opens the gate.
-    """
-
-    def __init__(self, client: SGLangClient, say: Callable[[str], None], wait_limit: float,
-                 give_up: Callable[[], None]) -> None:
-        self.client = client
-        self.say = say
-        self.wait_limit = wait_limit
-        self.give_up = give_up
-        self._open = asyncio.Event()
-        self._open.set()
-        self._prober: asyncio.Task[None] | None = None
-
-    async def wait(self) -> None:
-        await self._open.wait()
-
-    def close(self) -> None:
-        if self._open.is_set():
-            self._open.clear()
-            self._prober = asyncio.create_task(self._probe())
-
-    def release(self) -> None:
-        """Let every waiter go (the run is stopping) and stop probing."""
-        self._open.set()
-        if self._prober is not None:
-            self._prober.cancel()
-
-    async def _probe(self) -> None:
-        """Silent when the server answers at once (one dropped connection); else the outage
-        is reported when it starts, every minute, and when it ends."""
-        started = time.perf_counter()
-        if await self.client.health():
-            self._open.set()
-            return
-        self.say(f"server unreachable at {redact_url(self.client.base_url)}: "
-                 "requests paused until it answers /health")
-        delay, next_note = 0.5, started + 60
-        while not await self.client.health():
-            waited = time.perf_counter() - started
-            if waited > self.wait_limit:
-                self.say(f"server unreachable for {format_duration(waited)}: "
-                         "stopping (resume later)")
-                self.give_up()
-                self._open.set()
-                return
-            if time.perf_counter() >= next_note:
-                self.say(f"server still unreachable after {format_duration(waited)}")
-                next_note += 60
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-        self.say(f"server answers again after {format_duration(time.perf_counter() - started)}: "
-                 "requests resume")
-        self._open.set()
+def _server_gate(client: SGLangClient, say: Callable[[str], None], wait_limit: float,
+                 give_up: Callable[[], None]) -> Gate:
+    """Open while the server answers; closed by a connection failure until `/health` answers
+    (polled from every 0.5 s to every 10 s); after `wait_limit` seconds the run stops."""
+    url = redact_url(client.base_url)
+    notes = Notes(
+        paused=lambda: f"server unreachable at {url}: requests paused until it answers /health",
+        still=lambda waited: f"server still unreachable after {format_duration(waited)}",
+        back=lambda waited: (f"server answers again after {format_duration(waited)}: "
+                             "requests resume"),
+        given_up=lambda waited: (f"server unreachable for {format_duration(waited)}: "
+                                 "stopping (resume later)"),
+    )
+    return Gate(client.health, notes, say, wait_limit, give_up)
 
 
 @dataclass(slots=True)
@@ -166,6 +138,8 @@ class Runner:
         self.retries = 0
         self.dropped = 0
         self.stop_requests = 0
+        self.storage_error: StorageError | None = None  # what stopped the run, if the disk did
+        self.writer = RunWriter(self.on_event, options.disk_wait, self._disk_gave_up)
         self._rng = random.Random(options.seed)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -173,7 +147,11 @@ class Runner:
         self._wakeups: list[asyncio.Event] = []
         self._server: ServerFacts | None = None
         self._written_limit: int | None = None
-        self._gate: _ServerGate | None = None
+        self._gate: Gate | None = None
+        self._producers: list[asyncio.Task[None]] = []
+        self._aborts: set[asyncio.Task[bool]] = set()
+        self._manifest_failed = False
+        self._sent = False  # a request was sent in this session
         self._session = time.time()
 
     # ----------------------------------------------------------------- preparation
@@ -200,20 +178,47 @@ class Runner:
         self._write_manifest()
 
     def _write_manifest(self) -> None:
+        """run.json now: this session's concurrency once it sent something (a session that
+        sends nothing keeps the earlier one's), and this session's history entry."""
         assert self._server is not None
-        record = self.plan.manifest_record(self._server, self.slots.record())
-        write_manifest(self.out, with_session(record, self.plan.previous, self._session))
+        mine = self.slots.record() if self._sent else None
+        earlier = self.plan.previous.get("concurrency")
+        concurrency = mine if mine is not None or not isinstance(earlier, dict) else earlier
+        record = self.plan.manifest_record(self._server, concurrency or self.slots.record())
+        write_manifest(self.out, with_session(record, self.plan.previous, self._session,
+                                              {"concurrency": mine}))
+
+    def _update_manifest(self) -> None:
+        """run.json brought up to date while running: a failed write is said (once) and
+        tried again next time, never the end of the run."""
+        try:
+            self._write_manifest()
+        except StorageError as exc:
+            if not self._manifest_failed:
+                self.on_event(f"{exc} (run.json is written again later)")
+            self._manifest_failed = True
+        else:
+            self._manifest_failed = False
 
     # ----------------------------------------------------------------- running
     def request_stop(self) -> None:
-        """First call: stop sending, let in-flight requests finish. Second call: cancel them."""
+        """First call: stop sending (at once: the producers waiting for a slot are cancelled,
+        auto concurrency freezes), let in-flight requests finish. Second call: cancel them."""
         self.stop_requests += 1
         self._stop.set()
+        self.slots.freeze()
+        for producer in self._producers:
+            producer.cancel()
         if self._gate is not None:
             self._gate.release()
+        self.writer.release()
         if self.stop_requests >= 2:
             for task in list(self._tasks):
                 task.cancel()
+
+    def _disk_gave_up(self, error: StorageError) -> None:
+        self.storage_error = error
+        self.request_stop()
 
     @property
     def stopping(self) -> bool:
@@ -243,29 +248,45 @@ class Runner:
         """Send every pending prompt; returns when all are done, or after a stop."""
         started = time.perf_counter()
         steering = self.slots.start()
-        self._gate = _ServerGate(self.client, self.on_event, self.options.server_wait,
-                                 self.request_stop)
+        self._gate = _server_gate(self.client, self.on_event, self.options.server_wait,
+                                  self.request_stop)
         for ds in self.datasets.values():
             ds.progress.started = time.perf_counter()
         reporter = asyncio.create_task(self._report_loop())
+        self._producers = [asyncio.create_task(self._produce(long=False)),
+                           asyncio.create_task(self._produce(long=True))]
         try:
-            await asyncio.gather(self._produce(long=False), self._produce(long=True))
+            await self._wait_producers()
             await self._drain()
         finally:
             reporter.cancel()
+            for producer in self._producers:
+                producer.cancel()
             if steering is not None:
                 steering.cancel()
                 await asyncio.gather(steering, return_exceptions=True)
             for worker in self._workers.values():
                 await worker.aclose()
             self._gate.release()
+            if self._aborts:  # the server told to stop what this run gave up on
+                await asyncio.wait(self._aborts, timeout=5.0)
+            await self.writer.aclose()
             self._close()
         self._emit_progress()
         return RunSummary(
             datasets={name: ds.progress for name, ds in self.datasets.items()},
             interrupted=self.stopping, wall_seconds=time.perf_counter() - started,
-            retries=self.retries, dropped=self.dropped,
+            retries=self.retries, dropped=self.dropped, unwritten=self.writer.held,
+            storage_error=None if self.storage_error is None else str(self.storage_error),
         )
+
+    async def _wait_producers(self) -> None:
+        """Until both producers are done, or cancelled by a stop (an error of theirs raises)."""
+        await asyncio.wait(self._producers, return_when=asyncio.FIRST_EXCEPTION)
+        for producer in self._producers:
+            error = producer.exception() if producer.done() and not producer.cancelled() else None
+            if error is not None:
+                raise error
 
     def _queue(self, *, long: bool) -> list[tuple[_Dataset, Prompt]]:
         threshold = self.options.long_threshold
@@ -319,6 +340,7 @@ class Runner:
             self.slots.release(long)
             return self.stopping or ds.progress.budget_reached
         ds.progress.in_flight += 1
+        self._sent = True
         ds.budget.start(prompt.sample_id, time.perf_counter())
         task = asyncio.create_task(self._work(ds, prompt, long))
         self._tasks.add(task)
@@ -365,6 +387,7 @@ class Runner:
                     holding = True
                 assert self._gate is not None
                 await self._gate.wait()
+                await self.writer.wait()
                 if self.stopping:
                     return
                 error = await self._attempt(ds, prompt, attempt)
@@ -393,40 +416,63 @@ class Runner:
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _attempt(self, ds: _Dataset, prompt: Prompt, attempt: int) -> RequestFailed | None:
+        payload = self._payload(ds, prompt, attempt)
         try:
-            result = await self.client.generate(self._payload(ds, prompt, attempt))
+            result = await self._generate(payload)
+            check_reply(result, self.plan.vocab_size, self.client.base_url)
         except RequestFailed as exc:
-            ds.progress.errors += 1
-            ds.errors.append(ErrorRecord(
-                sample_id=prompt.sample_id, attempt=attempt, error_type=exc.error_type,
-                http_status=exc.http_status, message=str(exc)[:1000], ts=time.time(),
-            ))
-            if isinstance(exc, ConnectionLost) and self._gate is not None:
-                self._gate.close()
-            elif exc.retryable:
-                self.slots.failed()
+            self._failed_attempt(ds, prompt, attempt, exc)
             return exc
+        except asyncio.CancelledError:
+            self._abort_later(payload["rid"])  # cut by a stop: the server stops generating it
+            raise
         self._record(ds, prompt, result)
         return None
 
+    async def _generate(self, payload: dict[str, Any]) -> GenerateResult:
+        """One reply within the request timeout, counted from the request's start whatever
+        the bytes do meanwhile; past it, a RequestTimeout (and the request aborted)."""
+        deadline = self.options.request_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                return await self.client.generate(payload)
+        except TimeoutError:
+            self._abort_later(payload["rid"])
+            raise RequestTimeout(f"no whole reply within the request timeout of "
+                                 f"{format_duration(deadline)}", redact_url(self.client.base_url)
+                                 ) from None
+
+    def _abort_later(self, rid: str) -> None:
+        """Ask the server to stop generating request `rid` (best effort, in the background)."""
+        task = asyncio.get_running_loop().create_task(self.client.abort_request(rid))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    def _failed_attempt(self, ds: _Dataset, prompt: Prompt, attempt: int,
+                        exc: RequestFailed) -> None:
+        error = ErrorRecord(sample_id=prompt.sample_id, attempt=attempt,
+                            error_type=exc.error_type, http_status=exc.http_status,
+                            message=str(exc)[:1000], ts=time.time())
+        self.writer.write(ds.errors, error, on_written=ds.progress.count_error)
+        if isinstance(exc, ConnectionLost) and self._gate is not None:
+            self._gate.close()
+        elif exc.retryable:
+            self.slots.failed()
+
     def _record(self, ds: _Dataset, prompt: Prompt, result: GenerateResult) -> None:
-        ds.raw.append(Record(
+        """Write the reply's record; it counts as done once it is on disk."""
+        record = Record(
             sample_id=prompt.sample_id, output_ids=result.output_ids,
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
             cached_tokens=result.cached_tokens, finish_reason=result.finish_reason,
             matched_stop=result.matched_stop, e2e_latency=result.e2e_latency, ts=time.time(),
             num_retractions=(msgspec.UNSET if result.num_retractions is None
                              else result.num_retractions),
-        ))
+        )
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
-        p = ds.progress
-        p.done += 1
-        p.done_this_run += 1
-        p.completion_tokens += result.completion_tokens
-        p.tokens_this_run += result.completion_tokens
-        if p.done >= p.target:
-            p.finished = time.perf_counter()
+        tokens = result.completion_tokens
+        self.writer.write(ds.raw, record, on_written=lambda: ds.progress.count_done(tokens))
 
     def _backoff(self, attempt: int) -> float:
         base = min(self.options.backoff_cap, self.options.backoff_base * 2 ** (attempt - 1))
@@ -438,7 +484,7 @@ class Runner:
             self._emit_progress()
             if self._server is not None and self.concurrency != self._written_limit:
                 self._written_limit = self.concurrency
-                self._write_manifest()  # the concurrency's history, for the monitor
+                self._update_manifest()  # the concurrency's history, for the monitor
 
     def _emit_progress(self) -> None:
         if self.on_progress is not None:
@@ -451,4 +497,4 @@ class Runner:
                 ds.progress.finished = now
             ds.close()
         if self._server is not None:
-            self._write_manifest()  # records which budgets stopped their dataset
+            self._update_manifest()  # records which budgets stopped their dataset

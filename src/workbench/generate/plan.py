@@ -13,9 +13,12 @@ bad input fails before anything is written.
   before: a resumed run keeps what it has); ``max_tokens`` is the dispatcher's to keep
   (:mod:`workbench.generate.budget`).
 - Resume (the default): finished ``sample_id``s are not sent again; a torn last line is put
-  aside (``raw_responses.jsonl.torn``); a run made with another model or other sampling
-  parameters is refused (ResumeMismatch; ``--force`` resumes anyway). ``--no-resume`` moves
-  the earlier files aside (``*.bak``).
+  aside (``raw_responses.jsonl.torn``), and so are lines that are no finished record
+  (``.rejected``: their samples are sent again); a run made with another model or other
+  sampling parameters, or whose finished samples were sent other prompts than the manifest
+  builds now (:mod:`workbench.generate.resume`), is refused (ResumeMismatch; ``--force``
+  resumes anyway, sending those samples again). ``--no-resume`` moves the earlier files
+  aside (``*.bak``). A file that cannot be written is a StorageError naming it.
 - run.json: what :meth:`Plan.manifest` returns, written by the dispatcher through
   :mod:`workbench.rundir.manifest`.
 """
@@ -25,10 +28,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -37,14 +40,24 @@ from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import ConfigError, DataError, ResumeMismatch
 from workbench.generate.progress import DatasetProgress
 from workbench.generate.prompts import Prompt, load_prompts
+from workbench.generate.resume import DatasetResume, conflict_message, prompt_line, read_resume
 from workbench.profiles import ModelProfile, get_profile
-from workbench.rundir.files import set_aside, write_lines_atomic
-from workbench.rundir.layout import RAW_FILE, TORN_SUFFIX, DatasetDir
+from workbench.rundir.files import (
+    backup_path,
+    copy_aside,
+    same_content,
+    set_aside,
+    write_lines_atomic,
+)
+from workbench.rundir.layout import RAW_FILE, REJECTED_SUFFIX, TORN_SUFFIX, DatasetDir
 from workbench.rundir.manifest import dataset_entries, manifest_path, read_manifest
-from workbench.rundir.records import PromptRecord, encode_line, iter_blocks, repair_torn_tail
+from workbench.rundir.records import move_lines_aside, repair_torn_tail, span_reader
+from workbench.rundir.storage import storage_error
 from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
 
 __all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "model_name", "send_order"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,7 @@ class GenerateOptions:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     preflight: bool = False
     server_wait: float = 3600.0
+    disk_wait: float = 1800.0  # seconds a failed write may go on failing before the run stops
     auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
 
 
@@ -114,25 +128,43 @@ def _limit(*values: int | None) -> int | None:
     return min(present) if present else None
 
 
-def _done(folder: DatasetDir) -> tuple[set[int | str], int]:
-    """Finished sample ids and their completion tokens in the dataset's raw file."""
-    ids: set[int | str] = set()
-    tokens = 0
-    if not folder.raw_path.exists():
-        return ids, tokens
-    for block in iter_blocks(folder.raw_path):
-        for row in block.rows:
-            if row.sample_id is not None and row.sample_id not in ids:
-                ids.add(row.sample_id)
-                tokens += row.completion_tokens or 0
-    return ids, tokens
+def _on_file(path: Path, work: Callable[..., T], *args: Any) -> T:
+    """work(*args), a failed write of it a StorageError naming path (an OSError of a write
+    names no file)."""
+    try:
+        return work(*args)
+    except OSError as exc:
+        raise storage_error(exc.filename or path, exc) from None
 
 
-def _write_prompts(folder: DatasetDir, prompts: list[Prompt]) -> None:
-    """prompts.jsonl: the prepared prompts as sent, written whole."""
-    lines = (encode_line(PromptRecord(p.sample_id, input_ids=p.input_ids, text=p.text))
-             for p in prompts)
-    write_lines_atomic(folder.prompts_path, lines)
+def _write_prompts(folder: DatasetDir, prompts: list[Prompt], state: DatasetResume) -> None:
+    """prompts.jsonl of this run, written whole; left as it is when it holds just that (a
+    resume then needs no room for a second copy). StorageError naming it when it cannot be
+    written."""
+    path = folder.prompts_path
+    try:
+        if not same_content(path, _prompt_lines(folder, prompts, state)):
+            write_lines_atomic(path, _prompt_lines(folder, prompts, state))
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+
+
+def _prompt_lines(folder: DatasetDir, prompts: list[Prompt],
+                  state: DatasetResume) -> Iterator[bytes]:
+    """prompts.jsonl of this run: its prompts in file order, each finished sample's as it was
+    sent (its old line), then the old lines of finished samples this run does not send."""
+    if not state.sent:
+        yield from map(prompt_line, prompts)
+        return
+    with span_reader(folder.prompts_path) as read:
+        for prompt in prompts:
+            span = state.sent.get(prompt.sample_id) if prompt.sample_id in state.done else None
+            yield prompt_line(prompt) if span is None else read(span)
+        ours = {p.sample_id for p in prompts}
+        for sample_id in state.done:
+            span = state.sent.get(sample_id)
+            if sample_id not in ours and span is not None:
+                yield read(span)
 
 
 class Plan:
@@ -152,6 +184,8 @@ class Plan:
         self.created = 0.0
         self.previous: dict[str, Any] = {}
         self.datasets: dict[str, PlannedDataset] = {}
+        self.vocab_size: int | None = None  # the model profile's: replies are checked against it
+        self._resumes: dict[str, DatasetResume] = {}
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
 
     def selected_specs(self) -> list[DatasetSpec]:
@@ -169,6 +203,7 @@ class Plan:
     def load(self) -> None:
         """Load every dataset's prompts (bad input fails here, before any server is asked)."""
         profile = get_profile(self.manifest.model_profile)
+        self.vocab_size = profile.vocab_size
         self._loaded = [(spec, self._sampling(spec), self._prompts(spec, profile))
                         for spec in self.selected_specs()]
 
@@ -191,12 +226,33 @@ class Plan:
         return next((prompts[0] for _spec, _sampling, prompts in self._loaded if prompts), None)
 
     def check_resume(self, model: str) -> None:
-        """ResumeMismatch when the run in `out` was made with another model or sampling."""
-        if not self.options.resume or self.options.force or not self.out.is_dir():
+        """ResumeMismatch when the run in `out` was made with another model or sampling, or
+        its finished samples were sent other prompts (unless ``--force``); nothing is written."""
+        if not self.options.resume or not self.out.is_dir():
             return
         previous = read_manifest(self.out)
-        if not previous:
-            return
+        if previous and not self.options.force:
+            self._check_settings(previous, model)
+        for spec, _sampling, prompts in self._loaded:
+            state = self._resume_state(spec, prompts)
+            if state.conflicts and not self.options.force:
+                raise ResumeMismatch(conflict_message(spec.name, state, spec.path))
+
+    def _resume_state(self, spec: DatasetSpec, prompts: list[Prompt]) -> DatasetResume:
+        """What the dataset's folder holds (read once, before anything is written)."""
+        if spec.name not in self._resumes:
+            folder = DatasetDir(spec.name, self.out / spec.name)
+            cap = _limit(spec.max_samples, self.options.max_samples)
+            complete = spec.order != "file" or cap is None or len(prompts) < cap
+            try:
+                self._resumes[spec.name] = read_resume(folder, prompts, complete)
+            except OSError as exc:
+                raise DataError(exc.filename or folder.folder,
+                                f"cannot read: {exc.strerror or exc}") from None
+        return self._resumes[spec.name]
+
+    def _check_settings(self, previous: Mapping[str, Any], model: str) -> None:
+        """ResumeMismatch when run.json says another model or other sampling parameters."""
         path = manifest_path(self.out)
         old_model = previous.get("model")
         if old_model and old_model != model:
@@ -213,17 +269,22 @@ class Plan:
 
     def open(self) -> list[PlannedDataset]:
         """Prepare every dataset folder (after :meth:`load`): earlier files moved aside
-        (no resume) or their torn tails put aside, finished ids read, prompts.jsonl written."""
+        (no resume) or their torn tails and rejected lines put aside, finished ids read,
+        prompts.jsonl written. StorageError naming the file that cannot be written."""
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise DataError(self.out, f"cannot create the output directory: {exc.strerror}") from None
+            raise storage_error(self.out, exc) from None
         self.previous = read_manifest(self.out)
         created = self.previous.get("created")
         self.created = created if isinstance(created, int | float) else time.time()
         self.order_seed = self._order_seed()
         for spec, sampling, prompts in self._loaded:
-            self.datasets[spec.name] = self._open_dataset(spec, sampling, prompts)
+            folder = DatasetDir(spec.name, self.out / spec.name)
+            try:
+                self.datasets[spec.name] = self._open_dataset(folder, spec, sampling, prompts)
+            except OSError as exc:
+                raise storage_error(exc.filename or folder.folder, exc) from None
         return list(self.datasets.values())
 
     def _order_seed(self) -> int:
@@ -236,26 +297,51 @@ class Plan:
             return self.options.seed
         return random.SystemRandom().randrange(2**31)
 
-    def _open_dataset(self, spec: DatasetSpec, sampling: Sampling,
+    def _open_dataset(self, folder: DatasetDir, spec: DatasetSpec, sampling: Sampling,
                       prompts: list[Prompt]) -> PlannedDataset:
-        folder = DatasetDir(spec.name, self.out / spec.name)
         folder.folder.mkdir(parents=True, exist_ok=True)
         if not self.options.resume:
-            for path in (folder.raw_path, folder.errors_path):
+            for path in (folder.raw_path, folder.errors_path, folder.prompts_path):
                 moved = set_aside(path)
                 if moved:
                     self.say(f"[{spec.name}] --no-resume: moved {path.name} to {moved.name}")
-        torn = repair_torn_tail(folder.raw_path)
+        torn = _on_file(folder.raw_path, repair_torn_tail, folder.raw_path)
         if torn:
             self.say(f"[{spec.name}] moved a torn last line ({torn} bytes) to {RAW_FILE}{TORN_SUFFIX}")
-        done_ids, done_tokens = _done(folder)
-        prompts, pending = self._draw(spec, prompts, done_ids)
-        _write_prompts(folder, prompts)
+        state = self._resume_state(spec, prompts) if self.options.resume else DatasetResume()
+        self._set_aside_records(folder, state)
+        prompts, pending = self._draw(spec, prompts, set(state.done))
+        _write_prompts(folder, prompts, state)
         progress = DatasetProgress(
             name=spec.name, target=len(prompts),
             max_tokens=_limit(spec.max_tokens, self.options.max_tokens_per_dataset),
-            done=sum(1 for p in prompts if p.sample_id in done_ids), completion_tokens=done_tokens)
+            done=sum(1 for p in prompts if p.sample_id in state.done),
+            completion_tokens=sum(state.done.values()))
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress)
+
+    def _set_aside_records(self, folder: DatasetDir, state: DatasetResume) -> None:
+        """Move the rejected lines to ``.rejected`` and, with --force, the records of samples
+        whose prompt changed or whose row is gone to a ``.bak`` (prompts.jsonl copied
+        beside it); those samples are then no longer done."""
+        name, raw = folder.name, folder.raw_path
+        moves = dict.fromkeys(state.rejected, raw.with_name(raw.name + REJECTED_SUFFIX))
+        forced = state.conflicts if self.options.force else []
+        if forced:
+            backup = backup_path(raw)
+            moves.update(dict.fromkeys(state.record_lines(forced), backup))
+            copied = copy_aside(folder.prompts_path)
+            self.say(f"[{name}] --force: {len(forced)} finished samples no longer match their "
+                     f"prompt; their records moved to {backup.name}"
+                     + (f" (the prompts they were sent: {copied.name})" if copied else ""))
+            for sample_id in forced:
+                state.done.pop(sample_id, None)
+                state.sent.pop(sample_id, None)
+        moved = _on_file(raw, move_lines_aside, raw, moves)
+        if state.rejected:
+            self.say(f"[{name}] {len(state.rejected)} lines are no finished record (unreadable, a "
+                     f"field missing, aborted): moved to {raw.name}{REJECTED_SUFFIX}, their "
+                     "samples are sent again")
+        assert moved == len(moves)
 
     def _draw(self, spec: DatasetSpec, prompts: list[Prompt],
               done_ids: set[int | str]) -> tuple[list[Prompt], list[Prompt]]:

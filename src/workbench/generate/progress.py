@@ -35,6 +35,19 @@ class DatasetProgress:
     finished: float | None = None
     budget_closed: bool = False  # nothing in flight and not even one more request fits
 
+    def count_done(self, tokens: int) -> None:
+        """A reply's record is on disk, with `tokens` completion tokens."""
+        self.done += 1
+        self.done_this_run += 1
+        self.completion_tokens += tokens
+        self.tokens_this_run += tokens
+        if self.done >= self.target and self.finished is None:
+            self.finished = time.perf_counter()
+
+    def count_error(self) -> None:
+        """A failed attempt's line is on disk."""
+        self.errors += 1
+
     @property
     def budget_reached(self) -> bool:
         if self.max_tokens is None:
@@ -72,6 +85,8 @@ class RunSummary:
     wall_seconds: float
     retries: int
     dropped: int = 0  # requests in flight when the run stopped, whose prompts a resume sends again
+    unwritten: int = 0  # lines (replies and errors) that could not be written: sent again on resume
+    storage_error: str | None = None  # the failed write that stopped the run
 
     @property
     def failed(self) -> int:

@@ -10,6 +10,13 @@ after the dataset's input mode:
                 chat_template_kwargs (e.g. {thinking: true}), and the ids are sent
 
 A bad row raises a DataError naming the file and the line (JSONL) or the row (Parquet, 1-based).
+Where the manifest chose what a row must hold (the id field, the input field), the message
+also names that key and its line:
+
+    code_instruct.jsonl:1: missing 'id' (datasets[2].id_field: id, params/datasets.yaml:12)
+
+Ids must stay distinct as text (the export writes ``<dataset>/<id>``): ``1`` and ``"1"`` in
+one file are refused like a repeated id.
 """
 
 from __future__ import annotations
@@ -73,28 +80,50 @@ def load_prompts(
     limit = spec.max_samples if limit is None else limit
     make = _PromptMaker(spec, profile)
     prompts: list[Prompt] = []
-    first_seen: dict[int | str, int] = {}
+    first_seen: dict[str, tuple[int | str, int]] = {}  # id as text -> (id, its line or row)
     for row in itertools.islice(_iter_rows(spec), limit):
-        sample_id = _sample_id(row, spec.id_field)
-        if sample_id in first_seen:
-            first = f"{row.unit} {first_seen[sample_id]}"
-            raise row.error(f"duplicate {spec.id_field} {sample_id!r} (first at {first})")
-        first_seen[sample_id] = row.number
+        sample_id = _sample_id(row, spec)
+        _check_distinct(sample_id, row, spec.id_field, first_seen)
         if spec.input not in row.data:
-            raise row.error(f"missing {spec.input!r}")
+            raise row.error(f"missing {spec.input!r}{_setting(spec, 'input')}")
         prompts.append(make(sample_id, row.data[spec.input], row))
     if not prompts and limit != 0:
         raise DataError(spec.path, "no prompts: the file holds no rows")
     return prompts
 
 
-def _sample_id(row: _Row, id_field: str) -> int | str:
+def _sample_id(row: _Row, spec: DatasetSpec) -> int | str:
+    id_field = spec.id_field
     if id_field not in row.data:
-        raise row.error(f"missing {id_field!r}")
+        raise row.error(f"missing {id_field!r}{_setting(spec, 'id_field')}")
     value = row.data[id_field]
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise row.error(f"{id_field} must be an int or a string, got {_kind(value)}")
+        raise row.error(f"{id_field} must be an int or a string, got {_kind(value)}"
+                        f"{_setting(spec, 'id_field')}")
     return value
+
+
+def _check_distinct(sample_id: int | str, row: _Row, id_field: str,
+                    first_seen: dict[str, tuple[int | str, int]]) -> None:
+    """DataError when sample_id repeats an earlier id, or equals one as text (``1`` and
+    ``"1"``); else sample_id is remembered in first_seen."""
+    text = str(sample_id)
+    if text not in first_seen:
+        first_seen[text] = (sample_id, row.number)
+        return
+    first_id, first_number = first_seen[text]
+    if first_id == sample_id and type(first_id) is type(sample_id):
+        raise row.error(f"duplicate {id_field} {sample_id!r} (first at {row.unit} {first_number})")
+    raise row.error(f"{id_field} {sample_id!r} collides with {id_field} {first_id!r} at "
+                    f"{row.unit} {first_number} (ids must stay distinct as text)")
+
+
+def _setting(spec: DatasetSpec, key: str) -> str:
+    """`` (datasets[2].id_field: id, params/datasets.yaml:12)``: the manifest key that asked
+    for what a row lacks; "" for a spec that no manifest wrote."""
+    if spec.origin is None:
+        return ""
+    return f" ({spec.origin.setting(key, getattr(spec, key))})"
 
 
 # --------------------------------------------------------------------------- input modes
@@ -188,7 +217,7 @@ def _kind(value: Any) -> str:
 
 def _iter_rows(spec: DatasetSpec) -> Iterator[_Row]:
     if spec.path.endswith(PARQUET_SUFFIXES):
-        return _parquet_rows(spec.path, [spec.id_field, spec.input])
+        return _parquet_rows(spec)
     return _jsonl_rows(spec.path)
 
 
@@ -219,20 +248,23 @@ def _open(path: str) -> BinaryIO:
         raise DataError(path, f"cannot read the file: {exc.strerror or exc}") from None
 
 
-def _parquet_rows(path: str, columns: list[str]) -> Iterator[_Row]:
-    """Rows of a Parquet file (the id and input columns only), numbered from 1."""
+def _parquet_rows(spec: DatasetSpec) -> Iterator[_Row]:
+    """Rows of the dataset's Parquet file (the id and input columns only), numbered from 1."""
     import pyarrow.parquet as pq
 
+    path = spec.path
     try:
         parquet = pq.ParquetFile(path)
     except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
         raise DataError(path, f"cannot read the Parquet file: {exc}") from None
-    missing = [name for name in columns if name not in parquet.schema_arrow.names]
-    if missing:
-        found = ", ".join(parquet.schema_arrow.names)
-        raise DataError(path, f"missing column {missing[0]!r} (columns: {found})")
+    names = parquet.schema_arrow.names
+    columns = {spec.id_field: "id_field", spec.input: "input"}
+    for name, key in columns.items():
+        if name not in names:
+            raise DataError(path, f"missing column {name!r} (columns: {', '.join(names)})"
+                                  f"{_setting(spec, key)}")
     number = 0
-    for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+    for batch in parquet.iter_batches(batch_size=1024, columns=list(columns)):
         for data in batch.to_pylist():
             number += 1
             yield _Row(path, number, "row", data)

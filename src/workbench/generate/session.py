@@ -1,6 +1,7 @@
 """One generation session: the server probed, the run directory locked, the plan sent.
 
-:func:`run_generation` is the one call the CLI, the demo and notebooks use: it loads the
+:func:`run_generation` is the one call the CLI, the demo and notebooks use: it refuses a
+dataset named like one of the run directory's own entries (``run.json``, ...), loads the
 prompts (bad input fails before any server is asked), reads the server's ``/server_info``
 and ``/model_info`` (an unreachable server raises ServerUnreachable), checks the resume,
 sends one 1-token preflight request when asked (a reply that is not SGLang's shape, or a
@@ -25,7 +26,9 @@ from workbench.generate.plan import GenerateOptions
 from workbench.generate.progress import RunSummary
 from workbench.generate.prompts import Prompt
 from workbench.generate.views import View
+from workbench.rundir.layout import check_dataset_names
 from workbench.rundir.lock import hold_run_lock
+from workbench.rundir.storage import storage_error
 from workbench.server.client import SGLangClient, api_key_from_env, request_timeout
 
 __all__ = ["preflight", "probe_server", "run_generation", "run_with_view"]
@@ -82,6 +85,7 @@ async def run_generation(
     `on_start` receives the prepared runner (e.g. to install signal handlers calling
     `runner.request_stop`).
     """
+    check_dataset_names(manifest)
     runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
     runner.load()
     server_info, model_info = await probe_server(client)
@@ -89,7 +93,10 @@ async def run_generation(
     first = runner.first_prompt()
     if options.preflight and first is not None:
         await preflight(client, first)
-    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(out, exc) from None
     with hold_run_lock(out):  # held while writing: a second writer is refused, the monitor sees it
         runner.open(server_info, model_info)
         if on_start is not None:

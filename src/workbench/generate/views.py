@@ -165,7 +165,12 @@ def summary_lines(summary: RunSummary, out: Path, resume_command: str) -> list[s
                          f"(sample_id {ids}; see {out / p.name / ERRORS_FILE})")
     if summary.failed and not summary.interrupted:
         lines.append("rerun the same command to retry the failed prompts")
+    if summary.storage_error is not None:
+        lines.append(f"stopped: {summary.storage_error}; {summary.unwritten} lines could not "
+                     f"be written (not counted above)")
+    elif summary.unwritten:
+        lines.append(f"{summary.unwritten} lines could not be written (not counted above)")
     if summary.interrupted:
-        lines.append(f"stopped: {summary.dropped} in-flight requests dropped (sent again on "
-                     f"resume); to resume, run: {resume_command}")
+        lines.append(f"stopped: {summary.dropped} prompts unfinished, in flight or waiting for "
+                     f"a retry (sent again on resume); to resume, run: {resume_command}")
     return lines

@@ -4,10 +4,17 @@
     OUT/.writer.lock                      held by the generate writing the run (lock.py)
     OUT/<dataset>/raw_responses.jsonl     one record a line (records.py: the data contract)
     OUT/<dataset>/raw_responses.jsonl.torn  torn last lines put aside on resume
+    OUT/<dataset>/raw_responses.jsonl.rejected  lines no reader takes as a finished record
+                                          (unreadable, a field missing), put aside on resume
     OUT/<dataset>/prompts.jsonl           the prompts as sent
     OUT/<dataset>/errors.jsonl            one line per failed attempt
     OUT/<dataset>/*.bak                   an earlier run's files, moved aside by --no-resume
     OUT/<dataset>/.workbench-cache/       caches of reads (cache.py); always safe to delete
+
+Other verbs write beside them at the top level: ``workbench explore`` explore.ipynb and
+explore-lab.log (report/lab.py); ``workbench demo`` sim.log, reports/, export/ and tuning/.
+:data:`RUN_ENTRIES` names every top-level entry that is not a dataset folder, and
+:func:`check_dataset_names` refuses a manifest whose dataset would be named like one.
 
 A run's datasets are the ones run.json lists (in its order), then every other folder of OUT
 that holds a raw, prompts or errors file (by name). A folder that itself holds
@@ -21,6 +28,9 @@ from typing import Any
 
 import msgspec
 
+from workbench.config import Manifest, with_line
+from workbench.errors import ConfigError
+
 __all__ = [
     "BACKUP_SUFFIX",
     "CACHE_DIR",
@@ -30,8 +40,11 @@ __all__ = [
     "MANIFEST_FILE",
     "PROMPTS_FILE",
     "RAW_FILE",
+    "REJECTED_SUFFIX",
+    "RUN_ENTRIES",
     "TORN_SUFFIX",
     "DatasetDir",
+    "check_dataset_names",
     "find_datasets",
     "holds_dataset_files",
 ]
@@ -43,8 +56,15 @@ PROMPTS_FILE = "prompts.jsonl"
 ERRORS_FILE = "errors.jsonl"
 DATASET_FILES = (RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
 TORN_SUFFIX = ".torn"
+REJECTED_SUFFIX = ".rejected"
 BACKUP_SUFFIX = ".bak"
 CACHE_DIR = ".workbench-cache"
+# The top-level entries of a run directory that are not dataset folders (the module
+# docstring says who writes each); a run of one dataset holds DATASET_FILES at the top too.
+RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, *DATASET_FILES, "explore.ipynb", "explore-lab.log",
+               "sim.log", "reports", "export", "tuning")
+# Compared without case: macOS and Windows folders do not tell `Run.json` from `run.json`.
+_RESERVED = {name.lower(): name for name in RUN_ENTRIES}
 
 
 class DatasetDir(msgspec.Struct, frozen=True):
@@ -75,6 +95,19 @@ class DatasetDir(msgspec.Struct, frozen=True):
         """The dataset's raw, prompts and errors files that exist."""
         return [path for path in (self.raw_path, self.prompts_path, self.errors_path)
                 if path.is_file()]
+
+
+def check_dataset_names(manifest: Manifest) -> None:
+    """ConfigError naming the key, the manifest and its line for a dataset whose folder would
+    collide with one of the run directory's own entries (RUN_ENTRIES)."""
+    for index, ds in enumerate(manifest.datasets):
+        taken = _RESERVED.get(ds.name.lower())
+        if taken is None:
+            continue
+        key = f"datasets[{ds.origin.index if ds.origin else index}].name"
+        message = (f"{ds.name!r} would collide with the run directory's own {taken!r} "
+                   f"(reserved: {', '.join(RUN_ENTRIES)})")
+        raise with_line(ConfigError(key, message, manifest.source), Path(manifest.source))
 
 
 def holds_dataset_files(folder: Path) -> bool:

@@ -17,6 +17,7 @@ from typing import IO
 
 from workbench.errors import InputError
 from workbench.rundir.layout import LOCK_FILE
+from workbench.rundir.storage import storage_error
 
 try:
     import fcntl
@@ -43,19 +44,32 @@ def hold_run_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
-    with open(path, "a+", encoding="utf-8") as handle:
+    with _open_lock(path) as handle:
         if not _try_lock(handle, fcntl.LOCK_EX):
             handle.seek(0)
             pid = handle.read().strip() or "?"
             raise InputError(f"{out}: another workbench generate (pid {pid}) is writing this run")
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        _write_pid(handle, path)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _open_lock(path: Path) -> IO[str]:
+    try:
+        return open(path, "a+", encoding="utf-8")
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+
+
+def _write_pid(handle: IO[str], path: Path) -> None:
+    """This process's pid in the lock file, for the message of a refused second writer."""
+    try:  # unbuffered: nothing is left for close() to fail on
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), f"{os.getpid()}\n".encode())
+    except OSError as exc:
+        raise storage_error(path, exc) from None
 
 
 def writer_alive(out: str | os.PathLike[str]) -> bool | None:

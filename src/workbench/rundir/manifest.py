@@ -9,7 +9,9 @@ It is replaced whole (a temp file, then a rename), so a reader never sees half o
 
 ``history`` keeps one entry per generate session on the run directory, oldest first (at
 most :data:`HISTORY_LIMIT`): when it started and last wrote, the workbench version, the
-server URL and the model. A resumed run adds an entry; the other keys describe the latest.
+server URL, the model and what the session adds (the dispatcher: its concurrency, null for
+a session that sent nothing). A resumed run adds an entry, never replaces one; the other
+keys describe the latest session that sent something.
 
 Readers: :func:`read_manifest` (DataError naming the file and line when it is present but
 not a JSON object), and :class:`ManifestWatcher` for a reader polling a run in progress.
@@ -26,6 +28,7 @@ from typing import Any
 from workbench.errors import DataError
 from workbench.rundir.files import write_atomic
 from workbench.rundir.layout import MANIFEST_FILE
+from workbench.rundir.storage import storage_error
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -77,22 +80,27 @@ def dataset_entries(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def with_session(manifest: Mapping[str, Any], previous: Mapping[str, Any],
-                 started: float) -> dict[str, Any]:
+                 started: float, session: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """manifest with ``history``: previous's, this session's entry (the session that started
-    at `started`) added or brought up to date."""
+    at `started`, with the keys of `session`) added or brought up to date."""
     history = previous.get("history")
     kept = [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
     if kept and kept[-1].get("started") == started:
         kept.pop()
     entry = {"started": started, "updated": manifest.get("updated", started),
-             **{key: manifest.get(key) for key in _SESSION_KEYS}}
+             **{key: manifest.get(key) for key in _SESSION_KEYS}, **(session or {})}
     return {**manifest, "history": [*kept, entry][-HISTORY_LIMIT:]}
 
 
 def write_manifest(out: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:
-    """run.json of `out` replaced by manifest, atomically."""
+    """run.json of `out` replaced by manifest, atomically (StorageError when it cannot be
+    written: the old one stays)."""
     text = json.dumps(manifest, indent=2, default=str) + "\n"
-    write_atomic(manifest_path(out), text.encode())
+    path = manifest_path(out)
+    try:
+        write_atomic(path, text.encode())
+    except OSError as exc:
+        raise storage_error(path, exc) from None
 
 
 class ManifestWatcher:

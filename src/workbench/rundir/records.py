@@ -25,6 +25,14 @@ the sample id is top-level ``sample_id``, else ``custom_id``, else ``id``; ``out
 
 A count that cannot be read is None, never 0. The one exception: ``cached_tokens`` absent
 next to other counts is 0 (servers omit it when nothing was cached); null or mistyped, None.
+Counts and output ids are non-negative ints: a negative one is of the wrong type.
+
+Every reader sees the same lines as records, whether it reads the output ids or not: a line
+whose ``output_ids`` array would not decode as non-negative ints (a NUL byte, a minus sign, a
+fraction or an exponent in it) is decoded line by line on every path, ids included, and is a
+problem on each. What one finished record is (the line clean, the contract fields present) is
+:func:`is_finished`, shared by resume, stats, validate and export; :func:`missing_fields` names
+what a record lacks.
 
 Lines that are not clean rows are reported as :class:`LineProblem`, by kind:
 
@@ -36,6 +44,11 @@ Lines that are not clean rows are reported as :class:`LineProblem`, by kind:
                 writing; no Row, and the block's ``end_offset`` stays before it
 
 Blank lines are skipped silently. Line numbers are 1-based.
+
+Writing: :class:`JsonlAppender` puts whole lines on disk or none. A write that fails (a full
+disk, an I/O error, a read-only file system) is cut back to where it started before the
+error is raised as :class:`~workbench.errors.StorageError`, so a file never holds part of a
+line of this writer's, and the caller may write the same lines again.
 """
 
 from __future__ import annotations
@@ -44,14 +57,26 @@ import contextlib
 import gc
 import os
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias, get_args, get_origin
+from typing import (
+    Annotated,
+    Any,
+    BinaryIO,
+    Literal,
+    NamedTuple,
+    TypeAlias,
+    get_args,
+    get_origin,
+)
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from workbench.errors import StorageError
+from workbench.rundir.files import temp_path
 from workbench.rundir.layout import TORN_SUFFIX
+from workbench.rundir.storage import storage_error
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -62,6 +87,7 @@ __all__ = [
     "JsonlAppender",
     "Layout",
     "LineProblem",
+    "LineSpan",
     "ProblemKind",
     "PromptBlock",
     "PromptRecord",
@@ -70,13 +96,18 @@ __all__ = [
     "Row",
     "SampleId",
     "encode_line",
+    "index_lines",
+    "is_finished",
     "iter_blocks",
     "iter_prompt_blocks",
+    "missing_fields",
+    "move_lines_aside",
     "parse_lines",
     "paused_gc",
     "read_rows",
     "read_sample_ids",
     "repair_torn_tail",
+    "span_reader",
 ]
 
 SCHEMA_VERSION = 1
@@ -88,6 +119,9 @@ StrPath: TypeAlias = str | os.PathLike[str]
 SampleId: TypeAlias = int | str
 Layout: TypeAlias = Literal["flat", "legacy", "meta_info"]
 ProblemKind: TypeAlias = Literal["malformed", "not_object", "bad_type", "torn"]
+Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]  # a token count, as readers take it
+TokenId: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]  # an output id, as readers take it
+FINISH_REASONS = ("stop", "length")  # how a finished record ended
 
 
 # --- what the workbench writes -------------------------------------------------------------------
@@ -138,20 +172,31 @@ def encode_line(obj: Any) -> bytes:
     return _encoder.encode(obj) + b"\n"
 
 
-class JsonlAppender:
-    """Appends whole JSON lines to a file; one instance may be shared by threads and tasks.
+Writer: TypeAlias = "Callable[[int, memoryview], int]"
 
-    Each ``append``/``append_many`` is a single ``os.write`` of complete lines on an
-    ``O_APPEND`` descriptor, so concurrent appends never interleave and a reader never sees
-    part of a line once the call returned. ``fsync=True`` also makes each append durable
-    before returning; ``flush()`` does so on demand.
+
+class JsonlAppender:
+    """Appends whole JSON lines to a file; the one writer of it (the run's lock says so).
+
+    Each ``append``/``append_many`` is one ``os.write`` of complete lines on an ``O_APPEND``
+    descriptor (finished by further writes when the system writes less), so a reader never
+    sees part of a line once the call returned. A write that fails raises StorageError
+    after the bytes it put down are cut off again; when even that fails, the next append
+    cuts them first (and raises again if it cannot). ``fsync=True`` also makes each append
+    durable before returning; ``flush()`` does so on demand. ``write`` is the system call
+    (``os.write``; tests pass one that fails at the Nth call).
     """
 
-    def __init__(self, path: StrPath, *, fsync: bool = False) -> None:
+    def __init__(self, path: StrPath, *, fsync: bool = False, write: Writer = os.write) -> None:
         self.path = Path(path)
         self._fsync = fsync
+        self._write_call = write
+        self._cut_at: int | None = None  # where a failed write began, while not yet cut back
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        self._fd = os.open(self.path, flags, 0o644)
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise storage_error(self.path, exc) from None
 
     @property
     def closed(self) -> bool:
@@ -189,13 +234,31 @@ class JsonlAppender:
         return self._fd
 
     def _write(self, data: bytes) -> None:
-        """One write; a short write (disk full, file size limit) is finished or raises."""
+        """One write of whole lines; a short write (disk full, file size limit) is finished,
+        or cut back and raised as StorageError."""
         fd = self._open_fd()
+        if self._cut_at is not None:
+            self._cut_back(fd, self._cut_at)
         view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if self._fsync:
-            os.fsync(fd)
+        written = 0
+        try:
+            while written < len(data):
+                written += self._write_call(fd, view[written:])
+            if self._fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError, StorageError):  # else cut by the next append
+                self._cut_back(fd, os.fstat(fd).st_size - written)
+            raise storage_error(self.path, exc) from None
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        """Truncate the file to `size` (where a failed write began); StorageError if it cannot."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            self._cut_at = size
+            raise storage_error(self.path, exc) from None
+        self._cut_at = None
 
 
 def repair_torn_tail(path: StrPath) -> int:
@@ -253,7 +316,36 @@ class Row(msgspec.Struct):
     matched_stop: int | str | None
     e2e_latency: float | None
     ts: float | None
-    output_ids: list[int] | None = None
+    output_ids: list[int] | None = None  # read only when the reader asked for them
+    has_output_ids: bool = False  # the line holds an output_ids array (read or not)
+
+
+_REQUIRED = ("sample_id", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason")
+_REQUIRED_FLAT = (*_REQUIRED, "cached_tokens", "e2e_latency", "ts")
+
+
+def missing_fields(row: Row) -> list[str]:
+    """The contract fields of row that could not be read: the sample id, the output ids, the
+    counts and the finish reason; for a flat record (what the workbench writes) also
+    ``cached_tokens``, ``e2e_latency`` and ``ts``."""
+    if (
+        row.sample_id is not None and row.has_output_ids and row.prompt_tokens is not None
+        and row.completion_tokens is not None and row.finish_reason is not None
+        and (row.layout != "flat" or (row.cached_tokens is not None
+                                      and row.e2e_latency is not None and row.ts is not None))
+    ):
+        return []
+    names = _REQUIRED_FLAT if row.layout == "flat" else _REQUIRED
+    return [name for name in names
+            if (not row.has_output_ids if name == "output_ids" else getattr(row, name) is None)]
+
+
+def is_finished(row: Row, clean: bool = True) -> bool:
+    """Whether row is a finished record, the one definition resume, stats and export share:
+    its line read without a problem (`clean`: no bad_type problem names its line), every
+    contract field present, and it ended with ``stop`` or ``length`` (an ``abort`` is sent
+    again)."""
+    return clean and row.finish_reason in FINISH_REASONS and not missing_fields(row)
 
 
 class LineProblem(msgspec.Struct):
@@ -315,12 +407,12 @@ class _FinishReason(msgspec.Struct, gc=False):
 
 
 class _PromptDetails(msgspec.Struct, gc=False):
-    cached_tokens: int | UnsetType | None = UNSET
+    cached_tokens: Count | UnsetType | None = UNSET
 
 
 class _Usage(msgspec.Struct, gc=False):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
     prompt_tokens_details: _PromptDetails | None = None
 
 
@@ -339,9 +431,9 @@ class _Response(_Completion, gc=False):
 
 
 class _MetaInfo(msgspec.Struct, gc=False):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | UnsetType | None = UNSET
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    cached_tokens: Count | UnsetType | None = UNSET
     finish_reason: str | _FinishReason | None = None
     e2e_latency: float | None = None
 
@@ -350,19 +442,18 @@ class _Line(_Completion, gc=False):
     sample_id: SampleId | None = None
     custom_id: SampleId | None = None
     id: SampleId | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | UnsetType | None = UNSET
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    cached_tokens: Count | UnsetType | None = UNSET
     finish_reason: str | _FinishReason | None = None
     matched_stop: int | str | None = None
     e2e_latency: float | None = None
     ts: float | None = None
     response: _Response | None = None
     meta_info: _MetaInfo | None = None
-
-
-class _LineWithIds(_Line, gc=False):
-    output_ids: list[int] | None = None
+    # Decoded in full on the line-by-line path; on the block path an emptied array ([]),
+    # unless the reader asked for the ids (_Schema.keeps_output_ids).
+    output_ids: list[TokenId] | None = None
 
 
 class _IdLine(msgspec.Struct, gc=False):
@@ -389,8 +480,9 @@ class _Schema(NamedTuple):
     keeps_output_ids: bool
 
 
-_ROWS = _Schema(_Line, msgspec.json.Decoder(_Line), False)
-_ROWS_WITH_IDS = _Schema(_LineWithIds, msgspec.json.Decoder(_LineWithIds), True)
+_LINES = msgspec.json.Decoder(_Line)
+_ROWS = _Schema(_Line, _LINES, False)
+_ROWS_WITH_IDS = _Schema(_Line, _LINES, True)
 _IDS = msgspec.json.Decoder(_IdLine)
 _PROMPT_LINES = msgspec.json.Decoder(_PromptLine)
 _PROMPT_PARTS = msgspec.json.Decoder(_PromptParts)
@@ -399,12 +491,18 @@ _PROMPT_PARTS = msgspec.json.Decoder(_PromptParts)
 # --- normalising one decoded line ----------------------------------------------------------------
 
 
-def _to_row(rec: _Line, line: int) -> Row:
+def _to_row(rec: _Line, line: int, keep_ids: bool) -> Row:
     if rec.meta_info is not None:
-        return _meta_info_row(rec, rec.meta_info, line)
-    if rec.usage is not None or rec.choices is not None or rec.response is not None:
-        return _legacy_row(rec, line)
-    return _flat_row(rec, line)
+        row = _meta_info_row(rec, rec.meta_info, line)
+    elif rec.usage is not None or rec.choices is not None or rec.response is not None:
+        row = _legacy_row(rec, line)
+    else:
+        row = _flat_row(rec, line)
+    if rec.output_ids is not None:
+        row.has_output_ids = True
+        if keep_ids:
+            row.output_ids = rec.output_ids
+    return row
 
 
 def _flat_row(rec: _Line, line: int) -> Row:
@@ -420,7 +518,6 @@ def _flat_row(rec: _Line, line: int) -> Row:
         matched_stop=matched,
         e2e_latency=rec.e2e_latency,
         ts=rec.ts,
-        output_ids=_output_ids(rec),
     )
 
 
@@ -437,7 +534,6 @@ def _meta_info_row(rec: _Line, meta: _MetaInfo, line: int) -> Row:
         matched_stop=matched,
         e2e_latency=meta.e2e_latency if meta.e2e_latency is not None else rec.e2e_latency,
         ts=rec.ts,
-        output_ids=_output_ids(rec),
     )
 
 
@@ -457,7 +553,6 @@ def _legacy_row(rec: _Line, line: int) -> Row:
         matched_stop=choice.matched_stop if choice else None,
         e2e_latency=rec.e2e_latency,
         ts=rec.ts,
-        output_ids=_output_ids(rec),
     )
 
 
@@ -497,25 +592,21 @@ def _cached(
     return cached
 
 
-def _output_ids(rec: _Line) -> list[int] | None:
-    return rec.output_ids if isinstance(rec, _LineWithIds) else None
-
-
 # --- decoding lines that do not fit the structs --------------------------------------------------
 
 
 def _decode_line(text: bytes, line: int, schema: _Schema) -> tuple[Row | None, LineProblem | None]:
     """Decode one non-blank line into a row, a problem, or both (a row with bad types)."""
     try:
-        return _to_row(schema.decoder.decode(text), line), None
+        return _to_row(schema.decoder.decode(text), line, schema.keeps_output_ids), None
     except msgspec.ValidationError:
-        return _decode_loosely(text, line, schema.line_type)
+        return _decode_loosely(text, line, schema)
     except (msgspec.DecodeError, RecursionError) as exc:
         return None, LineProblem(line, "malformed", _reason(exc))
 
 
 def _decode_loosely(
-    text: bytes, line: int, line_type: type[_Line]
+    text: bytes, line: int, schema: _Schema
 ) -> tuple[Row | None, LineProblem | None]:
     """Decode a line that failed validation: keep what fits, None for what does not."""
     try:
@@ -525,9 +616,10 @@ def _decode_loosely(
     if not isinstance(value, dict):
         return None, LineProblem(line, "not_object", f"expected an object, got {_json_type(value)}")
     misfits: list[str] = []
+    line_type = schema.line_type
     rec = msgspec.convert(_fitting(value, line_type, "", misfits), line_type)
     problem = LineProblem(line, "bad_type", "; ".join(misfits)) if misfits else None
-    return _to_row(rec, line), problem
+    return _to_row(rec, line, schema.keeps_output_ids), problem
 
 
 def _fitting(value: Any, tp: Any, where: str, misfits: list[str]) -> Any:
@@ -617,10 +709,14 @@ def _iter_chunks(path: StrPath, offset: int, block_bytes: int) -> Iterator[_Chun
 def _decode_whole(
     decoder: msgspec.json.Decoder[Any], chunk: _Chunk, *, keep_output_ids: bool = False
 ) -> list[Any] | None:
-    """Every line of the chunk decoded in one call, or None unless each is one clean object."""
+    """Every line of the chunk decoded in one call, or None unless each is one clean object
+    (and its id arrays what :func:`_without_arrays` takes)."""
     data, size = chunk.data, chunk.size
+    if _has_nul(data, size):
+        return None
+    minus = data.find(b"-", 0, size) >= 0
     for key in _ID_KEYS[keep_output_ids:]:
-        emptied = _without_arrays(data, size, key)
+        emptied = _without_arrays(data, size, key, minus)
         if emptied is None:
             return None
         if emptied is not data:
@@ -674,7 +770,7 @@ def _array_after_key(data: bytes, position: int, size: int) -> int:
     return -1
 
 
-def _without_arrays(data: bytes, size: int, key: bytes) -> bytes | None:
+def _without_arrays(data: bytes, size: int, key: bytes, minus: bool = True) -> bytes | None:
     """The lines ``data[:size]`` with every ``"key": [...]`` array emptied (data itself when
     there is none), or None.
 
@@ -684,29 +780,44 @@ def _without_arrays(data: bytes, size: int, key: bytes) -> bytes | None:
     match of the quoted key always ends at a real closing quote (a quote inside a string is
     escaped), so the colon and bracket after it are JSON structure: emptying an array of an
     unread field (a nested ``output_ids``) changes no value read. An array holding a newline
-    or a string (as when a torn line has the next record appended to it) gives None; a
-    nested array leaves bytes that fail to decode. Either way the chunk is then decoded line
-    by line from its original bytes. Nothing else inside an emptied array is checked: a line
-    with ``"output_ids":[1,,2]`` reads as a row here, malformed line by line.
+    or a string (as when a torn line has the next record appended to it) or a minus sign
+    gives None (and so does a NUL byte anywhere in the chunk, :func:`_has_nul`); a nested
+    array leaves bytes that fail to decode. Either way the chunk is then decoded line by
+    line from its original bytes, where every reader decodes the ids. What else an emptied
+    array holds is not checked (a search of every array's bytes for each is what it would
+    cost): a line with ``"output_ids":[1,,2]``, ``[1.5]`` or ``[1,true]`` reads as a row
+    here, malformed or of the wrong type line by line.
     """
-    spans = _array_spans(data, size, key)
+    spans = _array_spans(data, size, key, minus)
     if spans is None:
         return None
     return data if not spans else _emptied(data, size, spans)
 
 
-def _array_spans(data: bytes, size: int, key: bytes) -> list[tuple[int, int]] | None:
+def _has_nul(data: bytes, size: int) -> bool:
+    """Whether data[:size] holds a NUL byte, which no JSON text holds (a crash leaves
+    zero-filled pages): such a chunk is read line by line, where the line is named."""
+    return data.find(b"\x00", 0, size) >= 0
+
+
+def _array_spans(
+    data: bytes, size: int, key: bytes, minus: bool = True
+) -> list[tuple[int, int]] | None:
     """[start, end) of the items of every ``"key": [...]`` array in data[:size], or None
-    when one holds a newline or a string, or is not closed (see :func:`_without_arrays`)."""
+    when one holds a newline or a quote (a torn line with another appended), a minus sign
+    (searched for only when `minus`: the caller found one in the chunk), or is not closed
+    (see :func:`_without_arrays`)."""
     spans: list[tuple[int, int]] = []
     search = 0
-    while (found := data.find(key, search, size)) >= 0:
+    find = data.find
+    while (found := find(key, search, size)) >= 0:
         search = found + len(key)
         start = _array_after_key(data, search, size)
         if start < 0:
             continue
-        end = data.find(b"]", start, size)
-        if end < 0 or data.find(b"\n", start, end) >= 0 or data.find(b'"', start, end) >= 0:
+        end = find(b"]", start, size)
+        if (end < 0 or find(b"\n", start, end) >= 0 or find(b'"', start, end) >= 0
+                or (minus and find(b"-", start, end) >= 0)):
             return None
         spans.append((start, end))
         search = end
@@ -765,7 +876,8 @@ def _decode_chunk(
     """Rows, problems and line count of a chunk: in one call, or line by line if one is bad."""
     records = _decode_whole(schema.decoder, chunk, keep_output_ids=schema.keeps_output_ids)
     if records is not None:
-        rows = [_to_row(rec, first_line + index) for index, rec in enumerate(records)]
+        keep = schema.keeps_output_ids
+        rows = [_to_row(rec, first_line + index, keep) for index, rec in enumerate(records)]
         return rows, [], len(records)
     rows = []
     problems: list[LineProblem] = []
@@ -832,6 +944,73 @@ def parse_lines(
     schema = _ROWS_WITH_IDS if with_output_ids else _ROWS
     rows, problems, _ = _decode_chunk(_Chunk(data, len(data), 0), first_line, schema)
     return rows, problems
+
+
+class LineSpan(NamedTuple):
+    """Where one line is in its file: 1-based number, byte offset and length (newline
+    included)."""
+
+    line: int
+    offset: int
+    size: int
+
+
+def index_lines(path: StrPath) -> dict[SampleId, LineSpan]:
+    """Where the first line of each ``sample_id`` of path is (the workbench's own layout:
+    top-level ``sample_id``); lines without one, bad lines and a torn last line are left
+    out. Raises OSError when path cannot be read."""
+    found: dict[SampleId, LineSpan] = {}
+    line = 1
+    for chunk in _iter_chunks(path, 0, DEFAULT_BLOCK_BYTES):
+        if chunk.torn:
+            break
+        ids, lines = _chunk_ids(chunk, line)
+        at = dict(ids)
+        offset = chunk.offset
+        for number, text in enumerate(_split_lines(chunk), start=line):
+            sample_id = at.get(number)
+            if sample_id is not None and sample_id not in found:
+                found[sample_id] = LineSpan(number, offset, len(text) + 1)
+            offset += len(text) + 1
+        line += lines
+    return found
+
+
+@contextlib.contextmanager
+def span_reader(path: StrPath) -> Iterator[Callable[[LineSpan], bytes]]:
+    """A function giving the bytes of a line of path (see :func:`index_lines`), the file
+    held open meanwhile."""
+    with open(path, "rb") as file:
+        fd = file.fileno()
+        yield lambda span: os.pread(fd, span.size, span.offset)
+
+
+def move_lines_aside(path: StrPath, moves: dict[int, Path]) -> int:
+    """Take lines out of path (1-based number -> the file it is appended to); return how many
+    moved. The files they go to are made durable first, then path is replaced whole (a temp
+    file beside it, renamed over it), so every line is in one file whatever happens. Run it
+    before any writer opens path."""
+    if not moves:
+        return 0
+    source = Path(path)
+    temp = temp_path(source)
+    try:
+        with contextlib.ExitStack() as stack:
+            reader = stack.enter_context(open(source, "rb"))
+            kept = stack.enter_context(open(temp, "wb"))
+            aside = {to: stack.enter_context(open(to, "ab")) for to in set(moves.values())}
+            for number, text in enumerate(reader, start=1):
+                to = moves.get(number)
+                (kept if to is None else aside[to]).write(text)
+            for file in (*aside.values(), kept):
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(temp, source)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    return len(moves)
 
 
 def read_sample_ids(path: StrPath) -> tuple[set[SampleId], list[tuple[int, SampleId]]]:
@@ -914,7 +1093,7 @@ def _prompt_rows(chunk: _Chunk, first_line: int) -> list[PromptRow] | None:
     emptied, every line decoded is valid JSON, which both of its paths read alike.
     """
     data, size = chunk.data, chunk.size
-    spans = _array_spans(data, size, _ID_KEYS[1])
+    spans = None if _has_nul(data, size) else _array_spans(data, size, _ID_KEYS[1])
     if spans is None:
         return None
     whole = _emptied(data, size, spans) if spans else (data if size == len(data) else data[:size])

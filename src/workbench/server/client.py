@@ -18,14 +18,15 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Annotated, Any, NamedTuple
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
 from workbench.errors import (
     BadRequest,
+    ConfigError,
     ConnectionLost,
     ProtocolError,
     RequestAborted,
@@ -39,12 +40,17 @@ __all__ = [
     "API_KEY_ENV_VARS",
     "GenerateResult",
     "SGLangClient",
+    "ServerAddress",
     "StreamChunk",
     "api_key_from_env",
+    "check_reply",
+    "check_server_auth",
     "default_transport",
     "redact_url",
+    "redact_urls_in",
     "request_timeout",
     "server_base_url",
+    "split_server_url",
 ]
 
 API_KEY_ENV_VARS = ("WORKBENCH_API_KEY", "SGLANG_API_KEY")
@@ -77,19 +83,26 @@ class FinishReason(msgspec.Struct):
     err_type: str | None = None
 
 
+Count = Annotated[int, msgspec.Meta(ge=0)]
+FINISH_TYPES = ("stop", "length", "abort")  # meta_info.finish_reason.type in SGLang
+
+
 class MetaInfo(msgspec.Struct):
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: Count
+    completion_tokens: Count
     finish_reason: FinishReason | None = None
-    cached_tokens: int = 0
+    cached_tokens: Count = 0
     e2e_latency: float | None = None
     id: str | None = None
     num_retractions: int | None = None
 
 
 class Reply(msgspec.Struct):
+    """The parts of a `/generate` reply the workbench keeps: `output_ids` and the counts are
+    required (a reply without them is not a reply), other keys are skipped."""
+
     meta_info: MetaInfo
-    output_ids: list[int] = []
+    output_ids: list[Annotated[int, msgspec.Meta(ge=0)]]
     text: str | None = None
 
 
@@ -141,12 +154,55 @@ def request_timeout(seconds: float = DEFAULT_REQUEST_TIMEOUT) -> httpx.Timeout:
 
 
 def redact_url(url: str) -> str:
-    """`url` without user-info credentials or query string, fit for manifests and logs."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    """`url` without user-info credentials, query string or fragment, fit for manifests and
+    logs (the host keeps its port, and an IPv6 host its brackets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: nothing of it can be shown safely
+        return "(unparsable URL)"
+    return urlunsplit((parts.scheme, _host_port(parts), parts.path, "", ""))
+
+
+def _host_port(parts: SplitResult) -> str:
+    """The netloc of parts without its user-info (``user:pw@``)."""
+    return parts.netloc.rpartition("@")[2]
+
+
+_URL_IN_TEXT = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+
+
+def redact_urls_in(text: str) -> str:
+    """text with every URL in it redacted (an error message may quote the URL it failed on)."""
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
+
+
+class ServerAddress(NamedTuple):
+    """A server URL split the way the client uses it: `base_url` without credentials or
+    query (safe to show), the URL's credentials (sent as HTTP basic auth) and its query
+    string (sent with every request: a gateway may need it)."""
+
+    base_url: str
+    auth: tuple[str, str] | None
+    query: str
+
+
+def split_server_url(url: str) -> ServerAddress:
+    """url as a ServerAddress (user-info percent-decoded; a trailing slash dropped)."""
+    parts = urlsplit(url.strip())
+    auth = None
+    if "@" in parts.netloc:
+        auth = (unquote(parts.username or ""), unquote(parts.password or ""))
+    base = urlunsplit((parts.scheme, _host_port(parts), parts.path.rstrip("/"), "", ""))
+    return ServerAddress(base, auth, parts.query)
+
+
+def check_server_auth(url: str, api_key: str | None) -> None:
+    """ConfigError on ``--server`` when url holds credentials and an API key is set too: both
+    go in the one Authorization header, and neither may silently win."""
+    if api_key and split_server_url(url).auth is not None:
+        raise ConfigError("--server", "the URL holds credentials (sent as HTTP basic auth) and "
+                                      f"an API key is set ({' or '.join(API_KEY_ENV_VARS)}): "
+                                      "use one of them")
 
 
 _ENDPOINT_SUFFIXES = ("/generate", "/v1")
@@ -155,17 +211,38 @@ _ENDPOINT_SUFFIXES = ("/generate", "/v1")
 def server_base_url(text: str) -> tuple[str, list[str]]:
     """The base URL the client needs from what a user typed, and one notice per change: a
     missing scheme gets ``http://``; a trailing ``/v1`` (the OpenAI-compatible API) or
-    ``/generate`` (an endpoint) is dropped, since the client adds the paths itself."""
-    url, notices = text.strip().rstrip("/"), []
+    ``/generate`` (an endpoint) is dropped, since the client adds the paths itself. The
+    URL's credentials and query are kept (the client uses them) and never shown in a notice;
+    a URL that cannot be parsed is a ConfigError on ``--server``."""
+    url, notices = text.strip(), []
     if "://" not in url:
         url = f"http://{url}"
-        notices.append(f"no scheme in {text!r}: using {redact_url(url)}")
-    while url.endswith(_ENDPOINT_SUFFIXES):
-        suffix = next(s for s in _ENDPOINT_SUFFIXES if url.endswith(s))
-        url = url.removesuffix(suffix).rstrip("/")
-        notices.append(f"dropped {suffix} from the server URL: using {redact_url(url)} "
+        shown = redact_url(url)  # what was typed, as far as it is safe to show
+        notices.append(f"no scheme in {shown.removeprefix('http://')!r}: using {shown}")
+    parts = _parse_server_url(url)
+    path = parts.path.rstrip("/")
+    while path.endswith(_ENDPOINT_SUFFIXES):
+        suffix = next(s for s in _ENDPOINT_SUFFIXES if path.endswith(s))
+        path = path.removesuffix(suffix).rstrip("/")
+        shown = urlunsplit((parts.scheme, _host_port(parts), path, "", ""))
+        notices.append(f"dropped {suffix} from the server URL: using {shown} "
                        "(the workbench talks to SGLang's native API at the server's root)")
-    return url, notices
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), notices
+
+
+def _parse_server_url(url: str) -> SplitResult:
+    """url split, or a ConfigError on ``--server`` that quotes none of it (it may hold a
+    password) when it is not a URL a client can use."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number in range)
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise ConfigError("--server", f"not a usable URL ({redact_urls_in(str(exc))})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("--server", f"expected an http:// or https:// URL with a host, got "
+                                      f"{redact_url(url)!r}")
+    return parts
 
 
 def _is_secret_key(key: str) -> bool:
@@ -173,7 +250,8 @@ def _is_secret_key(key: str) -> bool:
     return any(word in key.lower() for word in ("api_key", "password", "secret"))
 
 
-_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api[-_]key|password|secret)[\w-]*)(=|\s+)(\S+)", re.I)
+_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api[-_]key|password|secret)[\w-]*)(=|\s+)(\S+)",
+                          re.IGNORECASE)
 
 
 def _redact_command(command: Any) -> Any:
@@ -212,9 +290,18 @@ def parse_generate_reply(data: Any, url: str, *, elapsed: float) -> GenerateResu
 
 def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult:
     meta = reply.meta_info
-    finish = meta.finish_reason or FinishReason(type="length")
+    finish = meta.finish_reason
+    if finish is None or finish.type not in FINISH_TYPES:
+        got = "none" if finish is None else repr(finish.type)
+        raise ProtocolError(f"reply has no known finish_reason.type (got {got})", url)
     if finish.type == "abort":
         raise _abort_error(finish, url)
+    if meta.completion_tokens > 0 and not reply.output_ids:
+        raise ProtocolError(f"reply has no output_ids for {meta.completion_tokens} completion "
+                            "tokens", url)
+    if meta.cached_tokens > meta.prompt_tokens:
+        raise ProtocolError(f"reply counts {meta.cached_tokens} cached tokens of "
+                            f"{meta.prompt_tokens} prompt tokens", url)
     return GenerateResult(
         output_ids=reply.output_ids,
         prompt_tokens=meta.prompt_tokens,
@@ -226,6 +313,16 @@ def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult
         text=reply.text,
         num_retractions=meta.num_retractions,
     )
+
+
+def check_reply(result: GenerateResult, vocab_size: int | None, url: str) -> None:
+    """ProtocolError when an output id is outside the model's vocabulary [0, vocab_size) (the
+    rest of the reply contract is checked as the reply is read)."""
+    ids = result.output_ids
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        bad = next(i for i in ids if i >= vocab_size)
+        raise ProtocolError(f"reply has output id {bad}, outside the vocabulary "
+                            f"[0, {vocab_size})", redact_url(url))
 
 
 def _abort_error(finish: FinishReason, url: str) -> RequestFailed:
@@ -306,7 +403,7 @@ def _map_transport_error(exc: httpx.TransportError, url: str) -> RequestFailed:
     # onto ConnectTimeout, so a connect-phase failure is a lost connection, not a slow reply.
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return RequestTimeout(f"timed out: {type(exc).__name__}", url)
-    detail = str(exc) or type(exc).__name__
+    detail = redact_urls_in(str(exc)) or type(exc).__name__
     return ConnectionLost(f"connection failed: {detail}", url)
 
 
@@ -315,6 +412,8 @@ class SGLangClient:
 
     Use as `async with SGLangClient(url) as client:`. `transport` defaults to
     `default_transport()`; pass `httpx.MockTransport` or `httpx.ASGITransport` in tests.
+    Credentials in the URL are sent as HTTP basic auth (a ConfigError when `api_key` is
+    given too) and its query with every request; `base_url` holds neither.
     """
 
     def __init__(
@@ -325,11 +424,15 @@ class SGLangClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        check_server_auth(base_url, api_key)
+        address = split_server_url(base_url)
+        self.base_url = address.base_url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
+            auth=httpx.BasicAuth(*address.auth) if address.auth else None,
+            params=address.query or None,
             timeout=timeout,
             transport=transport if transport is not None else default_transport(),
             cookies=_NoCookies(),
@@ -432,8 +535,8 @@ class SGLangClient:
                     raise
                 last_error = exc
             except ConnectionLost as exc:
-                raise ServerUnreachable(f"cannot reach the server at {self.base_url}: {exc}",
-                                        redact_url(self.base_url)) from None
+                url = redact_url(self.base_url)
+                raise ServerUnreachable(f"cannot reach the server at {url}: {exc}", url) from None
         assert last_error is not None
         raise last_error
 
@@ -451,6 +554,17 @@ class SGLangClient:
         if not isinstance(info, dict):
             raise ProtocolError("model_info is not a JSON object", self._url("/model_info"))
         return info
+
+    async def abort_request(self, rid: str) -> bool:
+        """POST /abort_request: ask the server to stop generating request `rid` (a client
+        that gives up on a request does not stop it in every SGLang version); False when
+        the server cannot be asked or does not know the endpoint."""
+        try:
+            await self._request("POST", "/abort_request", content=_encoder.encode({"rid": rid}),
+                                headers=_JSON_HEADERS, timeout=10.0)
+        except RequestFailed:
+            return False
+        return True
 
     async def health(self, *, generate: bool = False) -> bool:
         """True when `/health` (or `/health_generate`) answers 200."""

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analyze.stats import DatasetStats, RunStats
+from workbench.server.client import redact_url
 from workbench.text import format_count, format_duration, format_table
 from workbench.watch.status import MonitorState, ServerState, WorkerState, done_text
 
@@ -119,8 +120,8 @@ def _header(state: MonitorState, width: int | None = None) -> str:
 
 
 def _server_url_hint(stats: RunStats) -> str:
-    url = stats.manifest.get("server_url")
-    return f"; the run used {url}" if isinstance(url, str) and url else ""
+    url = stats.manifest.get("server_url")  # written redacted; an edited run.json may not be
+    return f"; the run used {redact_url(url)}" if isinstance(url, str) and url else ""
 
 
 def server_line(state: MonitorState) -> str:

@@ -1,0 +1,141 @@
+"""What an earlier run left in a dataset's folder, and whether this run may go on from it.
+
+Resume trusts what was sent, not what the manifest says now. prompts.jsonl is the record of
+the prompt every finished sample was sent (its token ids, or its text): its lines for
+finished samples are never rewritten. Before anything is written, :func:`read_resume` reads:
+
+- the finished records of raw_responses.jsonl (:func:`~workbench.rundir.records.is_finished`,
+  the definition every reader shares): their ids and completion tokens;
+- the lines that are not finished records (unreadable, a contract field missing, an
+  abort): ``rejected``, put aside on open (``raw_responses.jsonl.rejected``) and sent again;
+- the prompt each finished sample was sent (its prompts.jsonl line), compared with the one
+  the manifest and the data file build now: ``changed`` when they differ (a chat template
+  argument, a tokenizer, an edited row), ``removed`` when the row is gone from the data file.
+
+Changed or removed finished samples refuse the resume (:func:`conflict_message`: the
+dataset, the count, an example id); with ``--force`` their records are moved aside
+(``*.bak``) and the changed ones are sent again with their new prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from workbench.generate.prompts import Prompt
+from workbench.rundir.layout import DatasetDir
+from workbench.rundir.records import (
+    LineSpan,
+    PromptRecord,
+    SampleId,
+    encode_line,
+    index_lines,
+    is_finished,
+    iter_blocks,
+    span_reader,
+)
+
+__all__ = ["DatasetResume", "conflict_message", "prompt_line", "read_resume"]
+
+_PROMPT = msgspec.json.Decoder(PromptRecord)
+
+
+@dataclass(slots=True)
+class DatasetResume:
+    """What a dataset's folder holds of an earlier run (see the module docstring)."""
+
+    done: dict[SampleId, int] = field(default_factory=dict)  # finished id -> completion tokens
+    lines: dict[SampleId, list[int]] = field(default_factory=dict)  # raw lines of each id
+    rejected: set[int] = field(default_factory=set)  # raw lines that are no finished record
+    sent: dict[SampleId, LineSpan] = field(default_factory=dict)  # prompts.jsonl lines
+    changed: list[SampleId] = field(default_factory=list)
+    removed: list[SampleId] = field(default_factory=list)
+
+    @property
+    def conflicts(self) -> list[SampleId]:
+        """Finished samples whose prompt is no longer the one they were sent."""
+        return [*self.changed, *self.removed]
+
+    def record_lines(self, ids: list[SampleId]) -> set[int]:
+        """The raw lines of the records of `ids`."""
+        return {line for sample_id in ids for line in self.lines.get(sample_id, ())}
+
+
+def prompt_line(prompt: Prompt) -> bytes:
+    """The prompts.jsonl line of a prompt as sent."""
+    return encode_line(PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
+                                    text=prompt.text))
+
+
+def read_resume(folder: DatasetDir, prompts: list[Prompt], complete: bool) -> DatasetResume:
+    """What `folder` holds, against this run's `prompts` (`complete`: they are every row of the
+    data file, so a finished id missing from them was removed from it). OSError when a file
+    cannot be read."""
+    state = DatasetResume()
+    if folder.raw_path.is_file():
+        _read_records(folder.raw_path, state)
+    if folder.prompts_path.is_file() and state.done:
+        state.sent = index_lines(folder.prompts_path)
+        _compare(folder.prompts_path, state, prompts, complete)
+    return state
+
+
+def _read_records(path: Path, state: DatasetResume) -> None:
+    """Finished records (the first of each id counts), every line of each id, the rest."""
+    for block in iter_blocks(path):
+        bad = {p.line for p in block.problems if p.kind != "torn"}
+        state.rejected |= bad
+        for row in block.rows:
+            if row.sample_id is not None:
+                state.lines.setdefault(row.sample_id, []).append(row.line)
+            if not is_finished(row, row.line not in bad):
+                state.rejected.add(row.line)
+            elif row.sample_id not in state.done:
+                assert row.sample_id is not None and row.completion_tokens is not None
+                state.done[row.sample_id] = row.completion_tokens
+
+
+def _compare(path: Path, state: DatasetResume, prompts: list[Prompt], complete: bool) -> None:
+    """Fill `changed` and `removed`: finished samples with a recorded prompt that is not the
+    one built now, or whose row is gone."""
+    now = {p.sample_id: p for p in prompts}
+    with span_reader(path) as read:
+        for sample_id in state.done:
+            span = state.sent.get(sample_id)
+            if span is None:
+                continue  # no record of what was sent: nothing to compare with
+            prompt = now.get(sample_id)
+            if prompt is None:
+                if complete:
+                    state.removed.append(sample_id)
+            elif not _same(read(span), prompt_line(prompt)):
+                state.changed.append(sample_id)
+
+
+def _same(sent: bytes, built: bytes) -> bool:
+    """Whether two prompts.jsonl lines hold the same prompt (the same bytes, or the same
+    values written another way)."""
+    if sent.rstrip(b"\r\n") == built.rstrip(b"\n"):
+        return True
+    try:
+        old, new = _PROMPT.decode(sent), _PROMPT.decode(built)
+    except msgspec.DecodeError:
+        return False
+    return (old.input_ids, old.text) == (new.input_ids, new.text)
+
+
+def conflict_message(name: str, state: DatasetResume, source: str) -> str:
+    """One line: which finished samples of dataset `name` no longer match `source` (the data
+    file), an example of each kind, and what to do."""
+    parts = []
+    if state.changed:
+        parts.append(f"{len(state.changed)} finished samples were sent another prompt than the "
+                     f"manifest builds now from {source} (e.g. sample_id {state.changed[0]!r}: "
+                     "a changed row, chat template argument or tokenizer)")
+    if state.removed:
+        parts.append(f"{len(state.removed)} finished samples are no longer in {source} (e.g. "
+                     f"sample_id {state.removed[0]!r})")
+    return (f"dataset {name}: " + "; ".join(parts) + " (use --force to send them again with "
+            "the new prompts, their records moved aside, or another --out)")
