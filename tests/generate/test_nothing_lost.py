@@ -39,10 +39,12 @@ class FailingWrites:
     its bytes (a short write, as a disk that fills mid-line does) and the next raises
     `error`, until :meth:`heal` (the space is back)."""
 
-    def __init__(self, at: int, error: int = errno.ENOSPC, short: bool = True) -> None:
+    def __init__(self, at: int, error: int = errno.ENOSPC, short: bool = True,
+                 heal_after: int | None = None) -> None:
         self.at = at
         self.error = error
         self.short = short
+        self.heal_after = heal_after  # failures after which the space comes back by itself
         self.calls = 0
         self.failures = 0
         self.healed = False
@@ -60,6 +62,7 @@ class FailingWrites:
             return os.write(fd, data[: len(data) // 2])
         self._cut = False
         self.failures += 1
+        self.healed = self.failures == self.heal_after
         raise OSError(self.error, os.strerror(self.error))
 
 
@@ -559,3 +562,21 @@ async def test_a_resume_needs_no_room_for_a_second_copy_of_its_prompts(
     summary = await generate(manifest, server, out, max_samples=50)
     assert server.calls == 0 and summary.datasets["a"].done == 50
     assert prompts.stat().st_ino == inode  # not rewritten
+
+
+async def test_replies_held_when_the_last_request_ends_wait_for_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every request sent and answered while the disk is full: the run does not end with
+    replies in hand, it waits for space (up to --disk-wait) and writes them. Here the space
+    comes back after the writer's fourth failed try (the pause's second retry)."""
+    faults = FailingWrites(at=3, short=False, heal_after=4)
+    monkeypatch.setattr(dispatch, "JsonlAppender", functools.partial(JsonlAppender, write=faults))
+    events: list[str] = []
+    manifest = write_manifest(tmp_path, {"a": [5] * 6})
+    out = tmp_path / "out"
+    server = Server(lambda r, n: sglang_reply(r), hold=(6, 0))  # all six in flight at once
+    summary = await generate(manifest, server, out, events, concurrency=8)
+    assert summary.unwritten == 0 and summary.datasets["a"].done == 6 and not summary.interrupted
+    assert any("sending resumes" in e for e in events)
+    exactly_once(out, "a", 6)

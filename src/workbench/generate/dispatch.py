@@ -258,6 +258,8 @@ class Runner:
         try:
             await self._wait_producers()
             await self._drain()
+            if not self.stopping:
+                await self.writer.wait()  # the last replies held: until space is back, or not
         finally:
             reporter.cancel()
             for producer in self._producers:

@@ -170,7 +170,9 @@ def summary_lines(summary: RunSummary, out: Path, resume_command: str) -> list[s
                      f"be written (not counted above)")
     elif summary.unwritten:
         lines.append(f"{summary.unwritten} lines could not be written (not counted above)")
-    if summary.interrupted:
+    if summary.interrupted and summary.dropped:
         lines.append(f"stopped: {summary.dropped} prompts unfinished, in flight or waiting for "
                      f"a retry (sent again on resume); to resume, run: {resume_command}")
+    elif summary.interrupted or summary.unwritten:
+        lines.append(f"to resume, run: {resume_command}")
     return lines
