@@ -297,7 +297,6 @@ BROKEN_REPLIES: dict[str, dict[str, Any]] = {
     "negative output id": {"output_ids": [1, -2, 3]},
     "output id past the vocabulary": {"output_ids": [1, 163840]},
     "no ids for its tokens": {"output_ids": []},
-    "more cached than prompt tokens": {"meta": {"cached_tokens": 99}},
 }
 
 

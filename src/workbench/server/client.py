@@ -299,9 +299,6 @@ def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult
     if meta.completion_tokens > 0 and not reply.output_ids:
         raise ProtocolError(f"reply has no output_ids for {meta.completion_tokens} completion "
                             "tokens", url)
-    if meta.cached_tokens > meta.prompt_tokens:
-        raise ProtocolError(f"reply counts {meta.cached_tokens} cached tokens of "
-                            f"{meta.prompt_tokens} prompt tokens", url)
     return GenerateResult(
         output_ids=reply.output_ids,
         prompt_tokens=meta.prompt_tokens,
