@@ -17,6 +17,7 @@ from workbench.server.launch import (
     ServerProcess,
     command_line,
     find_free_port,
+    log_failure_reason,
     port_is_free,
     server_command,
     split_sim_args,
@@ -170,6 +171,29 @@ def test_failure_reason_prefers_the_out_of_memory_line(tmp_path: Path) -> None:
     assert server.failure_reason().startswith("out of memory: torch.OutOfMemoryError")
     log.write_text("a\nlast line\n")
     assert server.failure_reason() == "last line"
+
+
+# The tail of a real SGLang 0.5.23 log on a CPU without Intel AMX, started with
+# --kv-cache-dtype fp8_e4m3 (paths shortened): the error, then the launcher's clean-up lines.
+SGLANG_FP8_LOG = """\
+[2026-12-02 05:03:25] Load weight end. elapsed=0.80 s, type=LlamaForCausalLM, avail mem=21.05 GB
+[2026-12-02 05:03:25] Scheduler hit an exception: Traceback (most recent call last):
+  File "/v/sglang/srt/mem_cache/kv_cache_configurator.py", line 463, in configure
+    raise ValueError("CPU FP8 KV cache requires Intel AMX support.")
+ValueError: CPU FP8 KV cache requires Intel AMX support.
+
+[2026-12-02 05:03:25] Received sigquit from a child process. It usually means the child failed.
+[2026-12-02 05:03:25] kill_process_tree called: parent_pid=2155, include_parent=True, pid=2155
+"""
+
+
+def test_failure_reason_is_the_error_not_the_clean_up_after_it(tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    log.write_text(SGLANG_FP8_LOG)
+    server = ServerProcess(["true"], url="http://127.0.0.1:9", log_path=log)
+    assert server.failure_reason() == "ValueError: CPU FP8 KV cache requires Intel AMX support."
+    assert log_failure_reason("x\nKeyboardInterrupt\n") == "KeyboardInterrupt"  # nothing better
+    assert log_failure_reason("") == "empty log"
 
 
 def test_a_killed_parent_takes_its_server_down(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import signal
 import socket
@@ -43,6 +44,7 @@ __all__ = [
     "describe_exit",
     "find_free_port",
     "group_members",
+    "log_failure_reason",
     "port_is_free",
     "server_command",
     "sim_flag_names",
@@ -60,6 +62,9 @@ OOM_MARKERS = (
     "failed to allocate memory",
 )
 LOG_TAIL_BYTES = 64 << 10
+# `ValueError: ...`, `torch.OutOfMemoryError: ...`, `RuntimeError` (a traceback's last line)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
+_CLEANUP_LINE = re.compile(r"kill_process_tree|KeyboardInterrupt|SystemExit")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -198,6 +203,23 @@ def _group_exists(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def log_failure_reason(text: str) -> str:
+    """Why a server died, from its log: the last out-of-memory line, else the last Python
+    exception line (`ValueError: ...`), else the last line.
+
+    A dying SGLang logs its error, then its clean-up (`kill_process_tree called ...`) and
+    tracebacks of its other processes, so the last line is rarely the reason.
+    """
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if any(marker in line.lower() for marker in OOM_MARKERS):
+            return f"out of memory: {line[:200]}"
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line) and not _CLEANUP_LINE.search(line):
+            return line[:200]
+    return lines[-1][:200] if lines else "empty log"
 
 
 def describe_exit(code: int) -> str:
@@ -350,13 +372,9 @@ class ServerProcess:
             return b""
 
     def failure_reason(self) -> str:
-        """A short reason read from the log: an out-of-memory line, else its last line."""
+        """A short reason read from the log's tail (see `log_failure_reason`)."""
         start = max(0, self.log_size() - LOG_TAIL_BYTES)
-        lines = self.read_log(start).decode("utf-8", "replace").strip().splitlines()
-        for line in reversed(lines):
-            if any(marker in line.lower() for marker in OOM_MARKERS):
-                return f"out of memory: {line.strip()[:200]}"
-        return lines[-1].strip()[:200] if lines else "empty log"
+        return log_failure_reason(self.read_log(start).decode("utf-8", "replace"))
 
     def exit_reason(self) -> str | None:
         """`exited with code 1: <reason from the log>` once the server has exited, else None."""
