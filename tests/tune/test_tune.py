@@ -378,6 +378,29 @@ def test_the_example_parameter_files_load() -> None:
                           "enable_hierarchical_cache": True, "hicache_size": 48}
 
 
+def test_the_real_sglang_sweep_finds_its_interpreter_and_model_beside_the_file() -> None:
+    real = load_tuning_params(PARAMS / "tuning.real-sglang.yaml")
+    root = PARAMS.resolve().parent
+    assert real.server.python == str(root / ".venv-sglang" / "bin" / "python")  # not the symlink's target
+    assert real.server.model_path == str(root / "outputs" / "real-sglang" / "model")
+    names = [c.name for c in expand_grid(real)]
+    assert {"default", "no-radix", "kv-fp8", "hicache"} <= set(names)
+    assert real.server.env == {"SGLANG_USE_CPU_ENGINE": "1"} and real.repeats == 2
+
+
+def test_model_paths_resolve_only_when_they_are_paths(tmp_path: Path) -> None:
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    base = {"load": {"concurrency": [4], "duration": 5}}
+    def server(**keys: Any) -> Any:
+        path = write_params(tmp_path, {**base, "server": {"launcher": "sglang", **keys}})
+        return load_tuning_params(path).server
+    assert server(model_path="models/tiny").model_path == str(tmp_path / "models" / "tiny")
+    assert server(model_path="moonshotai/Kimi-K2.5").model_path == "moonshotai/Kimi-K2.5"
+    assert server(model_path="m", python="python3").python == "python3"  # found on PATH
+    assert server(model_path="m", python="~/venv/bin/python").python == str(
+        Path("~/venv/bin/python").expanduser())
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"load": {"concurency": [4], "duration": 5}}, "load.concurency: unknown key (known: "),
     ({"load": {"concurrency": [4], "duration": "long"}}, "load.duration: expected float, got str"),
@@ -445,6 +468,19 @@ def test_without_a_concurrency_the_best_point_chooses_it() -> None:
     rec = recommend(results)
     assert (rec.best, rec.concurrency, rec.remaining_tokens) == ("b", 64, None)
     assert "no projection" not in rec.text
+
+
+def test_repeats_give_a_spread_and_a_win_inside_it_is_called_so() -> None:
+    results = [point("base", 400.0, repeat=1), point("base", 600.0, repeat=2),
+               point("big", 540.0, repeat=1), point("big", 560.0, repeat=2)]
+    rec = recommend(results)
+    assert rec.row("base").spread == pytest.approx(0.4)  # type: ignore[union-attr]
+    assert rec.row("big").spread == pytest.approx(20 / 550, abs=1e-4)  # type: ignore[union-attr]
+    assert rec.best == "big" and "(1.10x base; repeats spread up to 40%: within it, not a clear win)" in rec.text
+    clear = recommend([point("base", 500.0, repeat=1), point("base", 510.0, repeat=2),
+                       point("big", 900.0, repeat=1), point("big", 910.0, repeat=2)])
+    assert "x base; repeats spread up to 2%)" in clear.text and "not a clear win" not in clear.text
+    assert recommend([point("base", 500.0), point("big", 900.0)]).row("big").spread is None  # type: ignore[union-attr]
 
 
 def test_remaining_tokens_from_a_manifest_and_from_a_run(tmp_path: Path) -> None:

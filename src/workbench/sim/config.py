@@ -2,6 +2,7 @@
 
 Flags left unset that SGLang derives (mem_fraction_static, tp_size, max_running_requests,
 chunked_prefill_size) take the simulator profile's values when the server starts.
+`--profile` is a profile's name or a profile file (.yaml/.yml, see `load_sim_profile`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import msgspec
 
 from workbench.errors import ConfigError
 from workbench.profiles import PROFILES as MODEL_PROFILES
-from workbench.sim.profiles import KV_DTYPES, PROFILES
+from workbench.sim.profiles import KV_DTYPES, PROFILES, get_sim_profile, is_profile_path
 
 __all__ = ["SCHEDULE_POLICIES", "SimConfig", "add_sim_arguments", "config_from_args"]
 
@@ -38,7 +39,9 @@ class SimConfig(msgspec.Struct, kw_only=True):
     hicache_size: float = 0.0
     hicache_ratio: float = 2.0
     max_running_requests: int | None = None
+    max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None
+    disable_radix_cache: bool = False
     schedule_policy: str = "fcfs"
     tp_size: int | None = None
     dp_size: int = 1
@@ -69,7 +72,11 @@ def _non_negative(value: float | None) -> bool:
 
 
 _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("profile", lambda value: value in PROFILES, f"expected one of {', '.join(PROFILES)}"),
+    (
+        "profile",
+        lambda value: value in PROFILES or is_profile_path(value),
+        f"expected one of {', '.join(PROFILES)} or a .yaml file",
+    ),
     ("model_profile", lambda value: value in MODEL_PROFILES, "unknown model profile"),
     ("kv_cache_dtype", lambda value: value in KV_DTYPES, f"expected one of {', '.join(KV_DTYPES)}"),
     ("schedule_policy", lambda value: value in SCHEDULE_POLICIES, "unknown schedule policy"),
@@ -81,6 +88,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("tp_size", _positive, "must be at least 1"),
     ("dp_size", _positive, "must be at least 1"),
     ("max_running_requests", _positive, "must be at least 1"),
+    ("max_total_tokens", _positive, "must be at least 1"),
     ("chunked_prefill_size", lambda value: value in (None, -1) or value >= 1, "-1 or >= 1"),
     ("decode_log_interval", _positive, "must be at least 1"),
     ("stream_interval", _positive, "must be at least 1"),
@@ -92,6 +100,8 @@ def _check_config(config: SimConfig) -> None:
         value = getattr(config, name)
         if not valid(value):
             raise ConfigError(name, f"{message}, got {value!r}")
+    if is_profile_path(config.profile):
+        get_sim_profile(config.profile)  # the file's own ConfigError names the file and key
     rates = (
         config.fault_error_rate,
         config.fault_drop_rate,
@@ -142,6 +152,14 @@ def _chunk_size(text: str) -> int:
     if value != -1 and value < 1:
         raise argparse.ArgumentTypeError(f"expected -1 or an integer >= 1, got {text}")
     return value
+
+
+def _profile(text: str) -> str:
+    if text in PROFILES or is_profile_path(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected one of {', '.join(sorted(PROFILES))} or a .yaml file, got {text!r}"
+    )
 
 
 def _port(text: str) -> int:
@@ -211,6 +229,12 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
     )
     add("--max-running-requests", type=_positive_int, default=None, help="cap on the running batch")
     add(
+        "--max-total-tokens",
+        type=_positive_int,
+        default=None,
+        help="KV pool size in tokens (caps the size the memory leaves; default: from memory)",
+    )
+    add(
         "--chunked-prefill-size",
         type=_chunk_size,
         default=None,
@@ -236,6 +260,11 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         default=1,
         help="data parallel replicas, each with its own KV pool",
     )
+    add(
+        "--disable-radix-cache",
+        action="store_true",
+        help="no prefix cache: every prompt is prefilled whole",
+    )
     add("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     add("--random-seed", type=int, default=0, help="seed of the simulated outputs")
@@ -251,9 +280,11 @@ def _add_simulator_arguments(group: argparse._ArgumentGroup) -> None:
     add = group.add_argument
     add(
         "--profile",
-        choices=sorted(PROFILES),
+        type=_profile,
         default="fast",
-        help="GPU/model pair to simulate (default: %(default)s)",
+        metavar="NAME|FILE.yaml",
+        help=f"GPU/model pair to simulate: {', '.join(sorted(PROFILES))}, or a profile file "
+        "such as `workbench tune fit` writes (default: %(default)s)",
     )
     add(
         "--model-profile",

@@ -8,7 +8,9 @@ Each `Engine.step()` is one scheduler iteration, modelled on SGLang's:
    `reservation = new_token_ratio * min(max_new_tokens - generated, 4096)`. The ratio starts at
    0.7 and decays to 0.1 over 600 steps (SGLang's defaults); requests also stop joining at
    `max_running_requests` or once the step's prefill budget (`chunked_prefill_size`) is used.
-   Its prompt is looked up in the prefix cache: cached tokens are not prefilled.
+   Its prompt is looked up in the prefix cache: cached tokens are not prefilled (with
+   `prefix_cache=False`, SGLang's --disable-radix-cache, nothing is cached: every prompt is
+   prefilled whole).
 2. Retraction (`srt/managers/schedule_batch.py` `retract_decode`, scheduler.py's caller):
    when the batch's next tokens do not fit, requests leave the batch in SGLang's order (fewest
    output tokens first, then longest prompt), free their KV and go back to the front of the
@@ -203,10 +205,13 @@ class Engine:
         observer: EngineObserver | None = None,
         log: Callable[[str], None] | None = None,
         log_interval: int = 40,
+        prefix_cache: bool = True,
     ) -> None:
         self.sizing = sizing
         self.capacity = sizing.max_total_num_tokens
-        self.cache = PrefixCache(self.capacity, sizing.host_tokens)
+        self.cache = (
+            PrefixCache(self.capacity, sizing.host_tokens) if prefix_cache else PrefixCache(0, 0)
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.used_tokens = 0

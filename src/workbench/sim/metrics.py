@@ -16,6 +16,8 @@ reports statistics (after steps that admit requests and every decode log interva
 SGLang's do. Two simulator gauges count /generate HTTP requests in flight, now and at most
 since start; a third is the model time the engine has worked (the sum of its steps'
 durations, the busiest data-parallel rank's), a clock that the host's speed does not move.
+`sglang:max_total_num_tokens` is set once at start (the scheduler's `emit_constants`): the KV
+pool of one rank in tokens.
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ class SimMetrics:
         self.num_retracted_reqs = self._gauge(
             "sglang:num_retracted_reqs", "The number of retracted requests."
         )
+        self.max_total_num_tokens = self._gauge(
+            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+        )
 
     def _make_counters(self) -> None:
         names = [*self._labels, "is_streaming"]
@@ -237,6 +242,10 @@ class SimMetrics:
             registry=self.registry,
         )
         model.set_function(lambda: max((rank.model_seconds for rank in self.engines), default=0.0))
+
+    def emit_constants(self, max_total_num_tokens: int) -> None:
+        """The gauges set once at start (the scheduler's `emit_constants`)."""
+        self.max_total_num_tokens.set(max_total_num_tokens)
 
     def request_started(self) -> None:
         """A /generate HTTP request arrived."""

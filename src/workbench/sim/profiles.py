@@ -15,6 +15,9 @@ Memory check (`check_memory`): a server fails at start ("out of memory") when
 KV pool (`kv_pool_tokens`, SGLang's max_total_num_tokens, per rank)
     tokens = (gpu_mem_gb * mem_fraction_static - weights_gb / tp_size) * 1e9 / bytes_per_token
     Kimi on 8 x 96 GB at 74 GB of weights per rank, bf16: ~40k tokens at 0.80, ~149k at 0.88.
+    `--max-total-tokens N` caps it: tokens = min(tokens from memory, N), as SGLang's
+    `_apply_token_constraints` does (a larger N than memory allows is a warning, and the
+    memory's value is kept). The memory check above applies either way.
 
 Host cache (`host_pool_tokens`, hierarchical cache only)
     tokens = hicache_size_gb * 1e9 / bytes_per_token when --hicache-size > 0,
@@ -71,12 +74,63 @@ of weights leave ~24k tokens at 0.80, ~39k at 0.88 and twice that in fp8; the st
 
 Output lengths (`OutputShape`): reasoning and answer lengths are lognormal with the given
 medians and sigmas; `unclosed_rate` of the samples reason until max_new_tokens.
+
+Prefix cache: with `--disable-radix-cache` nothing is cached: every prompt is prefilled whole
+and the cache hit rate is 0 (the hierarchical cache has nothing to keep either).
+
+Profiles from a file (`load_sim_profile`, `get_sim_profile("path.yaml")`): a YAML mapping with
+every SimProfile field (`output` a mapping of OutputShape's); unknown or missing keys and
+negative values are ConfigErrors naming the file, its line and the key. `profile_yaml` writes
+one back, under a comment.
+
+Fitted profiles (`workbench tune fit`, `workbench.tune.fit`) stand in for a measured server.
+From the ok points of the chosen configurations of a sweep, in server time (the client has
+already multiplied its wall-clock readings by the sweep's time_scale, 1 for SGLang):
+    R       = mean_running                        (running requests, from /metrics)
+    step_ms = itl_p50_ms                          (a request's mean time between tokens: the
+              mean step over its life, prefill steps of others included), else
+              1000 * R / output_throughput        (without streaming)
+    P       = R * L / N                           (prompt tokens prefilled per step: in a
+              steady state a request joins for every N tokens the batch's requests make)
+    L, N    = means of prompt_tokens - cached_tokens and of completion_tokens over the
+              point's measured requests (requests.jsonl), else mean(input_len) *
+              (1 - cache_hit_rate) and output_tokens / requests
+    then    step_ms = step_base_ms + step_per_req_ms * R + prefill_ms_per_token * P
+    solved by least squares with every constant >= 0 when P / R varies between the points
+    (L / N has a coefficient of variation >= 0.1: prefix hits, radix cache on and off,
+    other output lengths) and the P term brings the rms residual down to 0.9 of the fit
+    without it. Otherwise P is proportional to R (or its term explains nothing beyond
+    noise) and the two cannot be told apart: prefill_ms_per_token is 0 and the prefill
+    cost is carried by step_per_req_ms (+ prefill cost * L / N), which is right for the
+    sweep's load shape and extrapolation for other prompt and output lengths. (TTFT is no
+    help: on a loaded host and at a simulator speed above 1 it is mostly client delay.)
+    host_load_ms_per_token = prefill_ms_per_token / 10; fp8_step_factor 1.0.
+Memory: a measured server reports its pool (max_total_num_tokens), and a replay passes it
+as --max-total-tokens, so the fitted memory only has to hold any such pool: weights and KV
+bytes per token from /server_info's memory_usage when reported (else 0.1 GB and 2,048 B),
+no activation memory, and gpu_mem_gb that holds 16 x the largest measured pool (at least
+1M tokens) at the smallest mem_fraction_static of the sweep. context_length and
+default_chunked_prefill_size are what the server reported. Output shape: when 95% or more of
+the measured replies were cut at max_new_tokens (finish "length"; without requests.jsonl,
+completion tokens per request >= 98% of max_new_tokens), reasoning and answer medians of a
+million tokens and unclosed_rate 1.0, which cut every reply at max_new_tokens whatever the
+model profile; otherwise unclosed_rate is the share cut, and the replies that stopped give
+the median length (0.8 of it reasoning, 0.2 answer) and the sigma of its logarithm.
+Not modelled: a real server's separate prefill forward (a fixed cost per step that admits
+requests, which a smaller chunked_prefill_size pays more often) and step time growing with
+the context held (attention): within one load shape both are folded into the constants.
 """
 
 from __future__ import annotations
 
-import msgspec
+import os
+from pathlib import Path
+from typing import Annotated
 
+import msgspec
+import yaml
+
+from workbench.config import load_yaml_params, with_line
 from workbench.errors import ConfigError
 
 __all__ = [
@@ -90,11 +144,14 @@ __all__ = [
     "default_max_running_requests",
     "get_sim_profile",
     "host_pool_tokens",
+    "is_profile_path",
     "kv_bytes_per_token",
     "kv_pool_tokens",
+    "load_sim_profile",
     "max_req_input_len",
     "plan_sizing",
     "prefill_budget",
+    "profile_yaml",
     "resolve_kv_dtype",
     "step_seconds",
 ]
@@ -111,35 +168,40 @@ class OutOfMemory(ConfigError):
         super().__init__("mem_fraction_static", f"out of memory: {message}")
 
 
-class OutputShape(msgspec.Struct, frozen=True):
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class OutputShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Lognormal output lengths of the simulated model (medians in tokens)."""
 
-    reasoning_median: float
-    reasoning_sigma: float
-    answer_median: float
-    answer_sigma: float
-    unclosed_rate: float = 0.02
+    reasoning_median: Positive
+    reasoning_sigma: NonNegative
+    answer_median: Positive
+    answer_sigma: NonNegative
+    unclosed_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.02
 
 
-class SimProfile(msgspec.Struct, frozen=True):
+class SimProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One GPU/model pair: memory sizes, KV cost, step-time constants and output lengths."""
 
     name: str
     description: str
-    gpu_mem_gb: float
-    weights_gb: float
-    activation_gb: float
-    kv_bytes_per_token_bf16: int
+    gpu_mem_gb: Positive
+    weights_gb: NonNegative
+    activation_gb: NonNegative
+    kv_bytes_per_token_bf16: PositiveInt
     auto_kv_dtype: str
-    context_length: int
-    default_tp_size: int
-    default_mem_fraction_static: float
-    default_chunked_prefill_size: int
-    step_base_ms: float
-    step_per_req_ms: float
-    fp8_step_factor: float
-    prefill_ms_per_token: float
-    host_load_ms_per_token: float
+    context_length: PositiveInt
+    default_tp_size: PositiveInt
+    default_mem_fraction_static: Annotated[float, msgspec.Meta(gt=0, lt=1)]
+    default_chunked_prefill_size: PositiveInt
+    step_base_ms: NonNegative
+    step_per_req_ms: NonNegative
+    fp8_step_factor: Positive
+    prefill_ms_per_token: NonNegative
+    host_load_ms_per_token: NonNegative
     output: OutputShape
 
 
@@ -223,15 +285,43 @@ PROFILES: dict[str, SimProfile] = {
 }
 
 
+def is_profile_path(name: str) -> bool:
+    """Whether a --profile value names a profile file (.yaml or .yml) rather than a profile."""
+    return name.lower().endswith((".yaml", ".yml"))
+
+
 def get_sim_profile(name: str) -> SimProfile:
-    """The simulator profile called `name`, or a ConfigError listing the known names."""
+    """The simulator profile called `name`, or loaded from `name` when it is a .yaml/.yml
+    path; a ConfigError lists the known names (or names the file and key)."""
+    if is_profile_path(name):
+        return load_sim_profile(name)
     try:
         return PROFILES[name]
     except KeyError:
         known = ", ".join(sorted(PROFILES))
         raise ConfigError(
-            "profile", f"unknown simulator profile {name!r} (known: {known})"
+            "profile", f"unknown simulator profile {name!r} (known: {known}, or a .yaml file)"
         ) from None
+
+
+def load_sim_profile(path: str | os.PathLike[str]) -> SimProfile:
+    """A SimProfile from a YAML file; ConfigError naming the file, line and key."""
+    profile = load_yaml_params(Path(path), SimProfile, source=str(path))
+    if profile.auto_kv_dtype not in KV_DTYPES[1:]:
+        error = ConfigError(
+            "auto_kv_dtype",
+            f"expected one of {', '.join(KV_DTYPES[1:])}, got {profile.auto_kv_dtype!r}",
+            str(path),
+        )
+        raise with_line(error, Path(path))
+    return profile
+
+
+def profile_yaml(profile: SimProfile, comment: str = "") -> str:
+    """The profile as a YAML file's text (fields in order), under `comment` as # lines."""
+    header = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines())
+    body = yaml.safe_dump(msgspec.to_builtins(profile), sort_keys=False, width=100)
+    return header + body
 
 
 def resolve_kv_dtype(profile: SimProfile, kv_cache_dtype: str) -> str:
@@ -332,15 +422,20 @@ def plan_sizing(
     hicache_ratio: float,
     max_running_requests: int | None,
     chunked_prefill_size: int | None,
+    max_total_tokens: int | None = None,
 ) -> Sizing:
-    """Resolve a configuration to pool sizes and limits; OutOfMemory when it cannot start."""
+    """Resolve a configuration to pool sizes and limits; OutOfMemory when it cannot start.
+
+    `max_total_tokens` (--max-total-tokens) caps the pool the memory leaves."""
     check_memory(profile, mem_fraction_static, tp_size)
     dtype = resolve_kv_dtype(profile, kv_cache_dtype)
     pool = kv_pool_tokens(profile, mem_fraction_static, dtype, tp_size)
-    if pool < 1024:
+    if pool < 1024 and (max_total_tokens is None or pool < 1):
         raise OutOfMemory(
             f"the KV pool holds only {max(pool, 0)} tokens; increase --mem-fraction-static"
         )
+    if max_total_tokens is not None:
+        pool = min(pool, max_total_tokens)
     host = 0
     if enable_hierarchical_cache:
         host = host_pool_tokens(profile, dtype, pool, hicache_size_gb, hicache_ratio)

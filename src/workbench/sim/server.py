@@ -62,11 +62,14 @@ class SimServer:
             hicache_ratio=config.hicache_ratio,
             max_running_requests=config.max_running_requests,
             chunked_prefill_size=config.chunked_prefill_size,
+            max_total_tokens=config.max_total_tokens,
         )
+        self._warn_pool_cap(log)
         self.limits = Limits(
             self.model.vocab_size, self.sizing.max_req_input_len, self.sizing.context_length
         )
         self.metrics = SimMetrics(config.model_path)
+        self.metrics.emit_constants(self.sizing.max_total_num_tokens)
         self.faults = FaultPlan(
             error=config.fault_error_rate,
             drop=config.fault_drop_rate,
@@ -90,6 +93,15 @@ class SimServer:
         self._ranks = itertools.cycle(enumerate(self.loops))
         self._live: set[Job] = set()  # unfinished jobs, health checks left out
 
+    def _warn_pool_cap(self, log: Callable[[str], None] | None) -> None:
+        """SGLang's warning when --max-total-tokens asks for more than the memory holds."""
+        asked = self.config.max_total_tokens
+        if log is not None and asked is not None and asked > self.sizing.max_total_num_tokens:
+            log(
+                f"max_total_tokens={asked} is larger than the profiled value "
+                f"{self.sizing.max_total_num_tokens}. Use the profiled value instead."
+            )
+
     def _engine(self, rank: int, log: Callable[[str], None] | None) -> Engine:
         if log is not None and self.config.dp_size > 1:
             log = partial(_tagged, log, f"[DP{rank}] ")
@@ -99,6 +111,7 @@ class SimServer:
             observer=self.metrics,
             log=log,
             log_interval=self.config.decode_log_interval,
+            prefix_cache=not self.config.disable_radix_cache,
         )
 
     @property

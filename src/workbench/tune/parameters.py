@@ -26,7 +26,7 @@ from workbench.server.launch import (
     server_command,
     split_sim_args,
 )
-from workbench.sim.profiles import get_sim_profile
+from workbench.sim.profiles import get_sim_profile, is_profile_path
 
 __all__ = [
     "Command",
@@ -274,8 +274,13 @@ def _check_params(params: TuningParams, source: str) -> None:
 def _check_server(server: ServerParams, source: str) -> None:
     if server.launcher == "sglang" and not server.model_path:
         raise ConfigError("server.model_path", "required with launcher sglang", source)
-    if server.launcher == "sim":
-
+    if server.launcher == "sim" and is_profile_path(server.sim.profile):
+        profile = _resolve_profile(server.sim.profile, Path(source).resolve().parent)
+        try:
+            get_sim_profile(profile)
+        except ConfigError as exc:  # the profile file's own error names it and its key
+            raise ConfigError("server.sim.profile", str(exc), source) from None
+    elif server.launcher == "sim":
         try:
             get_sim_profile(server.sim.profile)
         except ConfigError as exc:
@@ -318,7 +323,39 @@ def _resolve_paths(params: TuningParams, base: Path) -> TuningParams:
         params.projection, run_dir=resolve(params.projection.run_dir),
         manifest=resolve(params.projection.manifest))
     load = msgspec.structs.replace(params.load, prompts=prompts)
-    return msgspec.structs.replace(params, load=load, projection=projection)
+    sim = msgspec.structs.replace(
+        params.server.sim, profile=_resolve_profile(params.server.sim.profile, base))
+    server = msgspec.structs.replace(
+        params.server, python=_resolve_command(params.server.python, base),
+        model_path=_resolve_model_path(params.server, base), sim=sim)
+    return msgspec.structs.replace(params, load=load, projection=projection, server=server)
+
+
+def _resolve_profile(profile: str, base: Path) -> str:
+    """A simulator profile file (`fitted.yaml`) relative to the file; a profile name stays."""
+    if not is_profile_path(profile):
+        return profile
+    return str((base / Path(profile).expanduser()).resolve())
+
+
+def _resolve_command(python: str | None, base: Path) -> str | None:
+    """A path (`../.venv-sglang/bin/python`) relative to the file; a bare name stays on PATH."""
+    if python is None or "/" not in python:
+        return python
+    # normpath, not resolve: a venv's python is a symlink, and resolving it leaves the venv
+    return os.path.normpath(base / Path(python).expanduser())
+
+
+def _resolve_model_path(server: ServerParams, base: Path) -> str | None:
+    """SGLang's model path relative to the file when it is a folder there (`../model`);
+    a hub id (`org/name`) and the simulator's model names stay as they are."""
+    value = server.model_path
+    if value is None or server.launcher != "sglang":
+        return value
+    path = base / Path(value).expanduser()
+    if value.startswith((".", "/", "~")) or path.is_dir():
+        return str(path.resolve())
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,8 @@ class ConfigChoice:
     hours: float | None
     ratio: float | None
     reason: str | None = None
+    spread: float | None = None  # (max - min) / mean of the repeats' output tok/s
+
 
     @property
     def eligible(self) -> bool:
@@ -159,7 +161,7 @@ class Recommendation:
         head = (f"recommended: {self.best} at concurrency {self.concurrency}: "
                 f"{best.output_throughput:,.0f} output tok/s")
         if best.ratio is not None and self.baseline != self.best:
-            head += f" ({best.ratio:.2f}x {self.baseline})"
+            head += f" ({best.ratio:.2f}x {self.baseline}{self._spread_text(best)})"
         auto = dict(self.auto).get(self.best)
         if auto is not None:
             head += f"; auto concurrency reaches {auto:.2f} of its best fixed concurrency"
@@ -168,6 +170,18 @@ class Recommendation:
         source = f" ({self.remaining_source})" if self.remaining_source else ""
         return (f"{head}; job of {self.remaining_tokens:,} completion tokens{source}: "
                 f"{self.projection_text}")
+
+    def _spread_text(self, best: ConfigChoice) -> str:
+        """How far repeats of the same point disagreed, and whether the win is inside that."""
+        base = self.row(self.baseline)
+        spreads = [r.spread for r in (best, base) if r is not None and r.spread is not None]
+        if not spreads:
+            return ""
+        widest = max(spreads)
+        text = f"; repeats spread up to {widest:.0%}"
+        if best.ratio is not None and best.ratio - 1 <= widest:
+            text += ": within it, not a clear win"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best, "baseline": self.baseline, "concurrency": self.concurrency,
@@ -202,7 +216,16 @@ def _choice(config: str, concurrency: int | None, points: Sequence[PointResult],
     tokens = ok[0].max_total_num_tokens
     return ConfigChoice(config, concurrency, "ok", _rounded(merged.output_throughput, 1),
                         merged.ttft_p99_ms, merged.itl_p50_ms, merged.e2e_p50_s, tokens,
-                        merged.mean_running, tuple(violations(merged, limits)), None, None)
+                        merged.mean_running, tuple(violations(merged, limits)), None, None,
+                        spread=_spread([p.output_throughput for p in ok]))
+
+
+def _spread(values: Sequence[float | None]) -> float | None:
+    """(max - min) / mean over two or more measurements, else None."""
+    known = [v for v in values if v is not None]
+    if len(known) < 2 or not sum(known):
+        return None
+    return round((max(known) - min(known)) / (sum(known) / len(known)), 4)
 
 
 def recommend(
