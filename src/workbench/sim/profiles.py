@@ -86,10 +86,12 @@ one back, under a comment.
 Fitted profiles (`workbench tune fit`, `workbench.tune.fit`) stand in for a measured server.
 From the ok points of the chosen configurations of a sweep, in server time (the client has
 already multiplied its wall-clock readings by the sweep's time_scale, 1 for SGLang):
-    R       = mean_running                        (running requests, from /metrics)
     step_ms = itl_p50_ms                          (a request's mean time between tokens: the
-              mean step over its life, prefill steps of others included), else
-              1000 * R / output_throughput        (without streaming)
+              mean step over its life, prefill steps of others included)
+    R       = output_throughput * step_ms / 1000  (the decoding batch, by Little's law; the
+              /metrics gauge num_running_reqs reads low: SGLang refreshes it every 40 decode
+              steps and at admission), else, without streaming,
+    R       = mean_running and step_ms = 1000 * R / output_throughput
     P       = R * L / N                           (prompt tokens prefilled per step: in a
               steady state a request joins for every N tokens the batch's requests make)
     L, N    = means of prompt_tokens - cached_tokens and of completion_tokens over the

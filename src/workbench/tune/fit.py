@@ -189,13 +189,27 @@ def _chosen(results: Mapping[str, list[tuple[PointPlan, PointResult]]],
 def _fit_point(plan: PointPlan, result: PointResult, params: TuningParams) -> FitPoint | None:
     if not result.ok or not result.mean_running or not result.output_throughput:
         return None
-    running = result.mean_running
-    step = result.itl_p50_ms or 1000.0 * running / result.output_throughput
+    running, step = _batch_and_step(result)
     uncached, output = _lengths(plan, result, params)
     if output <= 0:
         return None
     return FitPoint(result.config, result.concurrency, result.repeat, running, step,
                     running * uncached / output, uncached, result.ttft_p50_ms)
+
+
+def _batch_and_step(result: PointResult) -> tuple[float, float]:
+    """(running requests, step ms) of a point with a measured throughput.
+
+    With streaming, the step is the inter-token latency and the batch follows from Little's
+    law (output tok/s x seconds per token): SGLang refreshes its `num_running_reqs` gauge
+    only every `--decode-log-interval` (40) decode steps and when it admits requests, where it
+    reads low (the real CPU sweep: 5.0 on the gauge where 7.5 requests were decoding at
+    concurrency 8). Without streaming, the gauge is all there is.
+    """
+    assert result.output_throughput and result.mean_running
+    if result.itl_p50_ms:
+        return result.output_throughput * result.itl_p50_ms / 1000.0, result.itl_p50_ms
+    return result.mean_running, 1000.0 * result.mean_running / result.output_throughput
 
 
 def _lengths(plan: PointPlan, result: PointResult, params: TuningParams) -> tuple[float, float]:
