@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: demo test install install-test bench trainers-check conformance clean
+.PHONY: demo test install install-test bench trainers-check conformance real-sglang real-sglang-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,30 @@ $(CONFORMANCE_VENV)/.installed: scripts/conformance-requirements.txt
 
 conformance: $(VENV)/.installed-test $(CONFORMANCE_VENV)/.installed
 	$(CONFORMANCE_VENV)/bin/python scripts/conformance.py --workbench $(BIN)/workbench
+
+# Optional: a real SGLang server on this machine (no GPU needed): SGLang in .venv-sglang and a
+# tiny random-weight model folder (2 layers, the example tokenizer; --load-format dummy).
+# On a GPU host: `make real-sglang SGLANG_MODE=gpu` installs the registry's CUDA build, and
+# SGLANG_MODEL=/path/to/model points the check at a real model folder instead of the dummy.
+# Never part of `make test` (6.5 GB).
+SGLANG_VENV ?= .venv-sglang
+SGLANG_MODE ?= cpu
+SGLANG_MODEL ?= outputs/real-sglang/model
+SGLANG_CHECK_OUT ?= outputs/real-sglang-check
+
+$(SGLANG_VENV)/.installed-$(SGLANG_MODE): scripts/install_real_sglang.sh scripts/conformance-requirements.txt
+	SGLANG_VERSION=$(SGLANG_VERSION) PYTHON=$(PYTHON) ./scripts/install_real_sglang.sh $(SGLANG_VENV) $(SGLANG_MODE)
+	touch $@
+
+real-sglang: $(VENV)/.installed-test $(SGLANG_VENV)/.installed-$(SGLANG_MODE)
+	@if [ "$(SGLANG_MODEL)" = outputs/real-sglang/model ]; then \
+		$(BIN)/python -m workbench.server.dummy_model $(SGLANG_MODEL); fi
+	@echo "SGLang: $(SGLANG_VENV)/bin/python -m sglang.launch_server --model-path $(SGLANG_MODEL) ..."
+	@echo "(README: 'A real SGLang server on this machine')"
+
+real-sglang-check: real-sglang
+	$(BIN)/python scripts/real_sglang_check.py --sglang-python $(SGLANG_VENV)/bin/python \
+		--model $(SGLANG_MODEL) --out $(SGLANG_CHECK_OUT) --mode $(SGLANG_MODE)
 
 clean:
 	rm -rf $(VENV) outputs/demo .pytest_cache
