@@ -174,6 +174,42 @@ def test_streamed_requests_give_ttft_itl_and_window_tokens() -> None:
     assert all(row.completion_tokens == 3 for row in outcome.rows)
 
 
+def run_slow_load(load: LoadParams, reply_after: float) -> Any:
+    """One request in flight at a time against a server that answers after `reply_after` s."""
+    import asyncio
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404, json={"error": {"message": "metrics off"}})
+        await asyncio.sleep(reply_after)
+        return httpx.Response(200, json=reply([5, 6, 7]))
+
+    async def go() -> Any:
+        async with SGLangClient("http://sim", transport=httpx.MockTransport(slow)) as client:
+            return await PointLoad(client, [LoadPrompt(0, [1, 2, 3])], load, 1).run()
+
+    return asyncio.run(go())
+
+
+def test_a_window_waits_for_its_first_finished_request() -> None:
+    # requests take 0.5 s and the window is 0.2 s: it stays open until one finishes
+    outcome = run_slow_load(LoadParams(concurrency=[1], duration=0.2, sample_interval=0.05,
+                                       stream=False), reply_after=0.5)
+    result = summarize_point(outcome, config="a", concurrency=1, repeat=1, time_scale=1.0)
+    assert result.status == "ok" and result.requests == 1 and result.output_tokens == 3
+    assert 0.45 <= (result.window_s or 0) < 0.8  # not at 0.2 s, and not at 4 x 0.2 s
+    assert result.e2e_p50_s is not None
+
+
+def test_a_window_where_nothing_finishes_fails_after_overtime() -> None:
+    outcome = run_slow_load(LoadParams(concurrency=[1], duration=0.1, sample_interval=0.02,
+                                       stream=False), reply_after=5.0)
+    result = summarize_point(outcome, config="a", concurrency=1, repeat=1, time_scale=1.0)
+    assert result.status == "failed" and result.requests == 0
+    assert (result.reason or "").startswith("no request finished in the window")
+    assert 0.4 <= (result.window_s or 0) < 1.0  # OVERTIME x duration, then it gives up
+
+
 def test_a_server_that_dies_fails_the_point_with_its_reason() -> None:
     calls: list[int] = []
 

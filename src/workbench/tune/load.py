@@ -35,6 +35,7 @@ __all__ = ["LoadOutcome", "LoadPrompt", "PointLoad", "RequestRow", "build_prompt
 MIN_SAMPLE_WALL = 0.05
 ERROR_PAUSE_WALL = 0.05
 AUTO_INTERVAL = 2.0  # server seconds between two readings of /metrics (auto)
+OVERTIME = 4.0  # a window waits up to this many durations for its first finished request
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,7 @@ class PointLoad:
         self._next = 0
         self._finished = 0
         self._measured = 0
+        self._measured_ok = 0
         self._t0 = 0.0
         self._window: list[float | None] = [None, None]
         self._stop = asyncio.Event()
@@ -261,6 +263,7 @@ class PointLoad:
         row.phase = "measured"
         self.rows.append(row)
         self._measured += 1
+        self._measured_ok += row.ok
         if self.load.requests is not None and self._measured >= self.load.requests:
             self._close_window()
 
@@ -317,8 +320,16 @@ class PointLoad:
             await asyncio.sleep(interval)
 
     def _duration_reached(self) -> bool:
+        """`duration` has passed and a request finished in it (or OVERTIME x duration passed).
+
+        Replies that all run to max_new_tokens move in cohorts: a window shorter than one
+        cohort's life would see none finish and measure no latency at all.
+        """
         start, duration = self._window[0], self.load.duration
-        return start is not None and duration is not None and self._now() - start >= duration
+        if start is None or duration is None:
+            return False
+        elapsed = self._now() - start
+        return elapsed >= duration and (self._measured_ok > 0 or elapsed >= OVERTIME * duration)
 
     async def _sample(self) -> None:
         text = await self._metrics_text()
