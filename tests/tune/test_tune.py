@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.errors import ConfigError, InputError
 from workbench.server.client import SGLangClient
+from workbench.server.info import gpu_count
 from workbench.tune import (
     LatencyLimits,
     LoadParams,
@@ -496,6 +497,34 @@ def test_projection_shows_the_baseline_next_to_the_best() -> None:
     assert rows["fast-but-slow-ttft"].violations == ("ttft_p99_ms 90,000 > 60,000",)
     assert rows["broken"].status == "failed" and rows["broken"].reason == "out of memory"
     assert format_hours(0.5) == "30.0 min" and format_hours(None) == "-"
+
+
+def test_projection_gives_gpu_hours_from_the_servers_gpus() -> None:
+    remaining = 123_120_000  # 57.0 h at 600 tok/s
+    results = [point("untuned", 600.0, gpus=8), point("tuned", 1868.9, gpus=8)]
+    rec = recommend(results, remaining_tokens=remaining, concurrency=150)
+    rows = {r.config: r for r in rec.rows}
+    assert rows["untuned"].gpu_hours == pytest.approx(57.0 * 8)
+    assert rec.projection_text == "57.0 h -> 18.3 h (456 -> 146 GPU-hours on 8 GPUs)"
+    assert rec.to_dict()["rows"][1]["gpu_hours"] == pytest.approx(rows["tuned"].hours * 8)
+    # projection.gpus overrides what the servers said; unknown GPUs give hours only
+    assert "(57.0 -> 18.3 GPU-hours on 1 GPU)" in recommend(
+        results, remaining_tokens=remaining, concurrency=150, gpus=1).projection_text
+    unknown = recommend([point("untuned", 600.0), point("tuned", 1868.9)],
+                        remaining_tokens=remaining, concurrency=150)
+    assert unknown.projection_text == "57.0 h -> 18.3 h" and unknown.rows[0].gpu_hours is None
+
+
+@pytest.mark.parametrize(("info", "gpus"), [
+    ({"tp_size": 8, "dp_size": 1}, 8),
+    ({"tp_size": 4, "dp_size": 2, "pp_size": 2}, 16),
+    ({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True}, 8),
+    ({"internal_states": [{"tp_size": 2, "dp_size": 2}]}, 4),
+    ({"version": "0.5.23"}, None),
+    ({"tp_size": "8"}, 1),  # not a count: taken as SGLang's default
+])
+def test_gpu_count_from_server_info(info: dict[str, Any], gpus: int | None) -> None:
+    assert gpu_count(info) == gpus
 
 
 def test_without_a_concurrency_the_best_point_chooses_it() -> None:

@@ -109,6 +109,8 @@ from workbench.tune.parameters import (
 from workbench.tune.recommendation import (
     ConfigChoice,
     Recommendation,
+    format_gpu_hours,
+    format_gpus,
     format_hours,
     format_results_table,
     projection,
@@ -158,6 +160,8 @@ __all__ = [
     "default_out",
     "expand_grid",
     "format_commands",
+    "format_gpu_hours",
+    "format_gpus",
     "format_hours",
     "format_results_table",
     "load_results",

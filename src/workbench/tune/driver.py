@@ -22,6 +22,7 @@ from workbench.report.parameters import notebooks_dir
 from workbench.report.render import run_report
 from workbench.rundir.files import write_atomic
 from workbench.server.client import SGLangClient, api_key_from_env
+from workbench.server.info import gpu_count
 from workbench.server.launch import (
     ServerProcess,
     command_line,
@@ -338,6 +339,7 @@ def _complete_from_info(result: PointResult, info: Mapping[str, Any]) -> None:
     if isinstance(states, list) and states and isinstance(states[0], dict):
         dtype = states[0].get("kv_cache_dtype", dtype)
     result.kv_cache_dtype = str(dtype) if dtype is not None else None
+    result.gpus = gpu_count(info)
 
 
 def run_sweep(

@@ -50,6 +50,7 @@ class PointResult(msgspec.Struct, kw_only=True):
     window_s: float | None = None
     time_scale: float = 1.0
     kv_cache_dtype: str | None = None
+    gpus: int | None = None  # GPUs of the server (tp x pp x dp, from /server_info)
     within_limits: bool | None = None
     args: dict[str, Any] = {}
     finished_at: float = 0.0

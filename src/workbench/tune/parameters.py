@@ -163,6 +163,7 @@ class ProjectionParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     manifest: str | None = None
     mean_completion_tokens: Seconds | None = None
     concurrency: Positive | None = None
+    gpus: Positive | None = None  # GPUs of the job's server (default: from /server_info)
 
 
 class TuningParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

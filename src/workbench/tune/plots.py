@@ -22,7 +22,7 @@ from workbench.report.plots import REPORT_CSS, Rendered, _e, _empty
 from workbench.report.plots import _colors as _series_colors
 from workbench.report.plots import _names as _series_names
 from workbench.report.plots import _present as _series_groups
-from workbench.tune import format_hours
+from workbench.tune import format_gpu_hours, format_gpus, format_hours
 
 __all__ = [
     "capacity_figure",
@@ -236,7 +236,8 @@ def recommendation_view(rec: Any) -> Rendered:
     banner = (f'<div class="wb-banner {state}"><div class="wb-big">{_e(big)}</div>'
               f'<div class="wb-sub">{_e(rec.text)}</div></div>')
     headers = ["configuration", "output tok/s", "vs baseline", "running", "KV tokens",
-               "TTFT p99 ms", "ITL p50 ms", "e2e p50 s", "projected job time", "limits"]
+               "TTFT p99 ms", "ITL p50 ms", "e2e p50 s", "projected job time", "GPU-hours",
+               "limits"]
     rows, classes = [], []
     for r in rec.rows:
         mark = " (recommended)" if r.config == rec.best else (
@@ -246,7 +247,9 @@ def recommendation_view(rec: Any) -> Rendered:
                      if r.ratio is not None else "-", _num(r.mean_running, ".1f"),
                      _num(r.max_total_num_tokens, ",.0f"), _num(r.ttft_p99_ms, ",.0f"),
                      _num(r.itl_p50_ms, ".1f"), _num(r.e2e_p50_s, ",.1f"),
-                     format_hours(r.hours), limits])
+                     format_hours(r.hours),
+                     "-" if r.gpu_hours is None else f"{format_gpu_hours(r.gpu_hours)} ({format_gpus(r.gpus)})",
+                     limits])
         classes.append("sev-ok" if r.config == rec.best else (
             "sev-error" if r.status != "ok" else ("sev-warning" if r.violations else "")))
     caption = f'<div class="wb-note">at concurrency {_e(rec.concurrency)}</div>'

@@ -22,6 +22,8 @@ from workbench.tune.results import load_results, sweep_params
 __all__ = [
     "ConfigChoice",
     "Recommendation",
+    "format_gpu_hours",
+    "format_gpus",
     "format_hours",
     "format_results_table",
     "projection",
@@ -38,6 +40,18 @@ def projection(remaining_tokens: float, tok_s: float) -> float:
     if tok_s <= 0:
         raise ValueError("throughput must be positive")
     return remaining_tokens / tok_s / 3600.0
+
+
+def format_gpu_hours(gpu_hours: float) -> str:
+    """GPU-hours as the hours are shown: `0.25`, `14.6`, `1,460`."""
+    if gpu_hours >= 100:
+        return f"{gpu_hours:,.0f}"
+    return f"{gpu_hours:.1f}" if gpu_hours >= 1 else f"{gpu_hours:.2f}"
+
+
+def format_gpus(gpus: int | None) -> str:
+    """`1 GPU`, `8 GPUs`."""
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}"
 
 
 def format_hours(hours: float | None) -> str:
@@ -114,8 +128,11 @@ class ConfigChoice:
     ratio: float | None
     reason: str | None = None
     spread: float | None = None  # (max - min) / mean of the repeats' output tok/s
+    gpus: int | None = None  # the server's GPUs (measured, or projection.gpus)
 
-
+    @property
+    def gpu_hours(self) -> float | None:
+        return self.hours * self.gpus if self.hours is not None and self.gpus else None
     @property
     def eligible(self) -> bool:
         return self.status == "ok" and not self.violations and self.output_throughput is not None
@@ -149,8 +166,14 @@ class Recommendation:
 
     @property
     def projection_text(self) -> str:
-        """`57.0 h -> 18.3 h` (baseline -> best)."""
-        return f"{format_hours(self.baseline_hours)} -> {format_hours(self.best_hours)}"
+        """`57.0 h -> 18.3 h (456 -> 146 GPU-hours on 8 GPUs)` (baseline -> best)."""
+        text = f"{format_hours(self.baseline_hours)} -> {format_hours(self.best_hours)}"
+        base, best = self.row(self.baseline), self.row(self.best)
+        if base is None or best is None or base.gpu_hours is None or best.gpu_hours is None:
+            return text
+        gpus = (format_gpus(best.gpus) if base.gpus == best.gpus
+                else f"{base.gpus} -> {format_gpus(best.gpus)}")
+        return f"{text} ({format_gpu_hours(base.gpu_hours)} -> {format_gpu_hours(best.gpu_hours)} GPU-hours on {gpus})"
 
     @property
     def text(self) -> str:
@@ -192,7 +215,7 @@ class Recommendation:
 
 def _choice_dict(row: ConfigChoice) -> dict[str, Any]:
     return {name: getattr(row, name) for name in ConfigChoice.__slots__} | {
-        "violations": list(row.violations)}
+        "violations": list(row.violations), "gpu_hours": row.gpu_hours}
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -217,7 +240,7 @@ def _choice(config: str, concurrency: int | None, points: Sequence[PointResult],
     return ConfigChoice(config, concurrency, "ok", _rounded(merged.output_throughput, 1),
                         merged.ttft_p99_ms, merged.itl_p50_ms, merged.e2e_p50_s, tokens,
                         merged.mean_running, tuple(violations(merged, limits)), None, None,
-                        spread=_spread([p.output_throughput for p in ok]))
+                        spread=_spread([p.output_throughput for p in ok]), gpus=ok[0].gpus)
 
 
 def _spread(values: Sequence[float | None]) -> float | None:
@@ -237,10 +260,12 @@ def recommend(
     remaining_tokens: int | None = None,
     remaining_source: str = "",
     note: str | None = None,
+    gpus: int | None = None,
 ) -> Recommendation:
     """The best configuration within `limits` at `concurrency` (default: that of the best
-    point within the limits), with each configuration's projected hours and its ratio to
-    `baseline` (default: the first configuration)."""
+    point within the limits), with each configuration's projected hours (and GPU-hours, on
+    `gpus` GPUs, default each configuration's measured count) and its ratio to `baseline`
+    (default: the first configuration)."""
     limits = limits or LatencyLimits()
     configs = list(dict.fromkeys(r.config for r in results))
     baseline = baseline or (configs[0] if configs else None)
@@ -250,7 +275,7 @@ def recommend(
     eligible = [r for r in rows if r.eligible]
     best = max(eligible, key=lambda r: r.output_throughput or 0.0).config if eligible else None
     base_tok = next((r.output_throughput for r in rows if r.config == baseline), None)
-    rows = [_with_projection(r, remaining_tokens, base_tok) for r in rows]
+    rows = [_with_projection(r, remaining_tokens, base_tok, gpus) for r in rows]
     return Recommendation(best, baseline, chosen, remaining_tokens, remaining_source, tuple(rows),
                           note, _auto_ratios(results, configs))
 
@@ -276,11 +301,12 @@ def _best_concurrency(results: Sequence[PointResult], limits: LatencyLimits) -> 
     return int(max(candidates, key=lambda r: r.output_throughput or 0.0).concurrency)
 
 
-def _with_projection(row: ConfigChoice, remaining: int | None, base_tok: float | None) -> ConfigChoice:
+def _with_projection(row: ConfigChoice, remaining: int | None, base_tok: float | None,
+                     gpus: int | None) -> ConfigChoice:
     tok = row.output_throughput
     hours = projection(remaining, tok) if remaining is not None and tok else None
     ratio = tok / base_tok if tok and base_tok else None
-    return dataclasses.replace(row, hours=hours, ratio=ratio)
+    return dataclasses.replace(row, hours=hours, ratio=ratio, gpus=gpus or row.gpus)
 
 
 def remaining_tokens_for(params: ProjectionParams) -> tuple[int | None, str, str | None]:
@@ -307,7 +333,7 @@ def recommend_sweep(out: str | os.PathLike[str],
     remaining, source, note = remaining_tokens_for(params.projection)
     return recommend(results, limits=params.limits, baseline=params.grid.baseline,
                      concurrency=params.projection.concurrency, remaining_tokens=remaining,
-                     remaining_source=source, note=note)
+                     remaining_source=source, note=note, gpus=params.projection.gpus)
 
 
 def format_results_table(results: Sequence[PointResult]) -> str:
