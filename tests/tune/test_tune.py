@@ -33,6 +33,7 @@ from workbench.tune import (
     expand_grid,
     format_hours,
     load_results,
+    load_server_params,
     load_tuning_params,
     projection,
     recommend,
@@ -423,6 +424,22 @@ def test_the_real_sglang_sweep_finds_its_interpreter_and_model_beside_the_file()
     names = [c.name for c in expand_grid(real)]
     assert {"default", "no-radix", "kv-fp8", "hicache"} <= set(names)
     assert real.server.env == {"SGLANG_USE_CPU_ENGINE": "1"} and real.repeats == 2
+
+
+def test_a_server_section_loads_alone_with_its_paths_beside_the_file(tmp_path: Path) -> None:
+    real = load_server_params(PARAMS / "tuning.real-sglang.yaml")  # a tuning file's section
+    assert real.python == str(PARAMS.resolve().parent / ".venv-sglang" / "bin" / "python")
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "server.yaml"
+    path.write_text("server:\n  launcher: sglang\n  model_path: model\n  python: venv/bin/python\n")
+    alone = load_server_params(path)
+    assert (alone.model_path, alone.python) == (str(tmp_path / "model"), str(tmp_path / "venv/bin/python"))
+    path.write_text("launcher: sim\n")
+    with pytest.raises(ConfigError, match=r"server.yaml: server: missing required key$"):
+        load_server_params(path)
+    path.write_text("server:\n  launcher: sim\n  args: {mem_fraction_static: 0.8}\n  startup_timeout: 0\n")
+    with pytest.raises(ConfigError, match=r"server.yaml:4: server.startup_timeout: "):
+        load_server_params(path)
 
 
 def test_model_paths_resolve_only_when_they_are_paths(tmp_path: Path) -> None:

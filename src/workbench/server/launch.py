@@ -50,6 +50,7 @@ __all__ = [
     "sim_flag_names",
     "split_sim_args",
     "to_flags",
+    "url_host",
 ]
 
 Launcher = Literal["sglang", "sim"]
@@ -130,6 +131,13 @@ def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> s
     """The argv as one shell line, prefixed by its extra environment (`A=1 python -m ...`)."""
     prefix = [f"{key}={shlex.quote(value)}" for key, value in (env or {}).items()]
     return " ".join([*prefix, *(shlex.quote(part) for part in argv)])
+
+
+def url_host(host: str) -> str:
+    """The host part of a URL reaching a server bound to `host` (a wildcard: localhost)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -103,6 +103,7 @@ from workbench.tune.parameters import (
     config_command,
     expand_grid,
     format_commands,
+    load_server_params,
     load_tuning_params,
     plan_commands,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "format_hours",
     "format_results_table",
     "load_results",
+    "load_server_params",
     "load_tuning_params",
     "plan_commands",
     "projection",

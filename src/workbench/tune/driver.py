@@ -27,6 +27,7 @@ from workbench.server.launch import (
     ServerProcess,
     command_line,
     find_free_port,
+    url_host,
 )
 from workbench.tune.load import LoadOutcome, LoadPrompt, PointLoad, build_prompts
 from workbench.tune.measurement import PointResult, failed_point, summarize_point, violations
@@ -202,7 +203,7 @@ async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan])
     port = params.server.port or find_free_port(params.server.host)
     command = config_command(params, config, port)
     folder = run.out / config.name
-    server = ServerProcess(command.argv, url=f"http://{_url_host(params.server.host)}:{port}",
+    server = ServerProcess(command.argv, url=f"http://{url_host(params.server.host)}:{port}",
                            log_path=folder / SERVER_LOG, env=command.env,
                            health_path=params.server.health_paths)
     run.say(f"{config.name}: starting {command_line(_redact_argv(command.argv))}")
@@ -221,12 +222,6 @@ async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan])
         server.stop(params.server.stop_grace)
         with contextlib.suppress(LaunchError):
             server.wait_port_free(port, params.server.host)
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
 
 
 async def _serve_points(run: _Sweep, config: ConfigPlan, pending: list[PointPlan],

@@ -44,6 +44,7 @@ __all__ = [
     "config_command",
     "expand_grid",
     "format_commands",
+    "load_server_params",
     "load_tuning_params",
     "plan_commands",
 ]
@@ -196,6 +197,25 @@ def load_tuning_params(
     return _resolve_paths(params, Path(path).resolve().parent)
 
 
+class _ServerFile(msgspec.Struct, kw_only=True):
+    """A file with a `server` section: a tuning parameter file, or one with only that
+    section (other keys are the tuning run's and are not read)."""
+
+    server: ServerParams
+
+
+def load_server_params(path: str | os.PathLike[str]) -> ServerParams:
+    """The `server` section of a parameter file (`generate --launch`), checked as tuning
+    checks it, its paths (python, model folder, simulator profile) absolute."""
+    source = str(path)
+    server = load_yaml_params(Path(path), _ServerFile, source=source).server
+    try:
+        _check_server(server, source)
+    except ConfigError as exc:
+        raise with_line(exc, Path(path)) from None
+    return _resolve_server(server, Path(path).resolve().parent)
+
+
 def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(overrides, Mapping):
         return dict(overrides)
@@ -324,12 +344,14 @@ def _resolve_paths(params: TuningParams, base: Path) -> TuningParams:
         params.projection, run_dir=resolve(params.projection.run_dir),
         manifest=resolve(params.projection.manifest))
     load = msgspec.structs.replace(params.load, prompts=prompts)
-    sim = msgspec.structs.replace(
-        params.server.sim, profile=_resolve_profile(params.server.sim.profile, base))
-    server = msgspec.structs.replace(
-        params.server, python=_resolve_command(params.server.python, base),
-        model_path=_resolve_model_path(params.server, base), sim=sim)
-    return msgspec.structs.replace(params, load=load, projection=projection, server=server)
+    return msgspec.structs.replace(params, load=load, projection=projection,
+                                   server=_resolve_server(params.server, base))
+
+
+def _resolve_server(server: ServerParams, base: Path) -> ServerParams:
+    sim = msgspec.structs.replace(server.sim, profile=_resolve_profile(server.sim.profile, base))
+    return msgspec.structs.replace(server, python=_resolve_command(server.python, base),
+                                   model_path=_resolve_model_path(server, base), sim=sim)
 
 
 def _resolve_profile(profile: str, base: Path) -> str:
@@ -435,9 +457,9 @@ class Command:
     port: int
 
 
-def config_command(params: TuningParams, config: ConfigPlan, port: int) -> Command:
+def config_command(params: TuningParams | ServerParams, config: ConfigPlan, port: int) -> Command:
     """The argv (and environment) that starts `config`'s server on `port`."""
-    server = params.server
+    server = params.server if isinstance(params, TuningParams) else params
     args = {"enable_metrics": True, **config.args}
     ignored: list[str] = []
     if server.launcher == "sim":
