@@ -6,13 +6,26 @@ Endpoints: POST /generate (single, batch, streaming), POST /v1/completions and
 /abort_request (`{"rid"}` or `{"abort_all": true}`: an empty 200, whether or not the rid is
 known; the aborted /generate calls answer 200 with finish_reason "abort"), and GET
 /metrics with --enable-metrics. With --api-key every path except the
-/health ones needs `Authorization: Bearer KEY`. Faults apply to /generate only.
+/health ones needs `Authorization: Bearer KEY`. The per-request faults apply to /generate
+only; the timed ones (stall, decay, exit) to the whole server, and a stall or a decay also
+holds or slows the --fixed-latency replies.
+
+Health: SGLang 0.5.23 serves /health and /health_generate with one handler (http_server
+`health_generate`). /health_generate sends a one-token generation and answers 200 once the
+scheduler sends anything back, 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s of wall-clock time)
+without a word from it. /health does the same unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+is false (it is true by default), in which case it answers 200 without asking the scheduler.
+The simulator's /health is that last form: it never reaches the engine, so a stalled scheduler
+still answers 200 there (with SGLang's defaults a hung scheduler answers 503 after 20 s).
+Its /health_generate queues its token in the engine and answers 200 once that token or any
+other output is published, 503 after HEALTH_CHECK_TIMEOUT seconds without any (a stall).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -71,6 +84,9 @@ FLUSH_MESSAGE = (
     "waiting requests, the operation will not be performed.)\n"
 )
 SHUTDOWN_GRACE_SECONDS = 2
+HEALTH_CHECK_TIMEOUT = 20.0  # http_server: SGLANG_HEALTH_CHECK_TIMEOUT, wall-clock seconds
+HEALTH_POLL_SECONDS = 0.05  # how often /health_generate looks for other output (SGLang: 1 s)
+HEALTH_TIMEOUT_MESSAGE = "Abort request: the health check timed out"
 
 
 def _server(request: Request) -> SimServer:
@@ -96,6 +112,8 @@ async def generate(request: Request) -> Response:
         return _final(batch, [server.abort_reply(item, 0.0) for item in batch.items])
     latency = server.config.fixed_latency
     if latency is not None:
+        await server.timed.until_running()
+        latency *= server.timed.step_factor()
         await asyncio.sleep(latency)
         return _final(batch, [server.fixed_reply(item, latency) for item in batch.items])
     if batch.stream:
@@ -160,22 +178,35 @@ def _sse(chunk: dict[str, Any]) -> bytes:
 
 
 async def health(request: Request) -> Response:
-    """GET /health."""
+    """GET /health: 200 without asking the engine (SGLang's /health with
+    SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false; see the module's docstring)."""
     return Response(status_code=200)
 
 
 async def health_generate(request: Request) -> Response:
-    """GET /health_generate: one token through the engine."""
+    """GET /health_generate: one token through the engine; 200 once it, or any other output,
+    is published; 503 when none comes within HEALTH_CHECK_TIMEOUT seconds (the health request
+    is then dropped, not counted as an abort, as http_server cancels its task)."""
     server = _server(request)
-    if server.config.fixed_latency is None:
-        token = server.model.sim_content_ids[0]
-        sampling = Sampling(max_new_tokens=1, temperature=0.0)
-        item = GenerateItem([token], [token], "HEALTH_CHECK", sampling)
-        countdown = Countdown()
-        countdown.jobs = [
-            server.start_job(item, stream=False, on_update=countdown.update, health=True)
-        ]
-        await countdown.event.wait()
+    if server.config.fixed_latency is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.timed.until_running(), HEALTH_CHECK_TIMEOUT)
+        return Response(status_code=503 if server.timed.stalled() else 200)
+    asked = time.perf_counter()
+    token = server.model.sim_content_ids[0]
+    sampling = Sampling(max_new_tokens=1, temperature=0.0)
+    item = GenerateItem([token], [token], "HEALTH_CHECK", sampling)
+    countdown = Countdown()
+    job = server.start_job(item, stream=False, on_update=countdown.update, health=True)
+    countdown.jobs = [job]
+    deadline = asked + HEALTH_CHECK_TIMEOUT
+    while not (countdown.event.is_set() or server.output_since(asked)):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            job.engine.cancel(job.request, HEALTH_TIMEOUT_MESSAGE)
+            return Response(status_code=503)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(countdown.event.wait(), min(left, HEALTH_POLL_SECONDS))
     return Response(status_code=200)
 
 
@@ -217,12 +248,20 @@ async def metrics(request: Request) -> Response:
     return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -> Starlette:
+def create_app(
+    config: SimConfig,
+    *,
+    log: Callable[[str], None] | None = None,
+    exit_process: Callable[[int], object] = os._exit,
+) -> Starlette:
     """The simulator as an ASGI app; OutOfMemory when the configuration cannot start.
 
-    `log` receives the scheduler's log lines (none by default).
+    `log` receives the scheduler's log lines (none by default). The app's lifespan runs the
+    --fault-exit-after timer, which calls `exit_process(1)` (`os._exit`: the process dies
+    at once); an in-process client that wants that fault enters
+    `app.router.lifespan_context(app)` and passes its own `exit_process`.
     """
-    server = SimServer(config, log=log)
+    server = SimServer(config, log=log, exit_process=exit_process)
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -250,8 +289,13 @@ def create_app(config: SimConfig, *, log: Callable[[str], None] | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await server.close()
+        exit_timer = asyncio.create_task(server.exit_when_due())
+        try:
+            yield
+        finally:
+            exit_timer.cancel()
+            await asyncio.gather(exit_timer, return_exceptions=True)
+            await server.close()
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.server = server

@@ -1,7 +1,8 @@
 """The jobs of one HTTP call, as SGLang serves them: run to the end, or streamed.
 
 :func:`run_jobs` waits for every job of a non-streaming call and cancels them when the
-client disconnects first; :func:`stream_jobs` yields a job each time
+client disconnects first (or the handler itself is cancelled, as an in-process client that
+gives up does); :func:`stream_jobs` yields a job each time
 it has a chunk due (``stream_interval``). Both the native ``/generate`` (app.py) and the
 OpenAI-compatible endpoints (openai.py) use them; :func:`abort_response` is how SGLang
 answers a non-streaming abort that carries an error status (:func:`error_abort`: 400, 500
@@ -74,9 +75,13 @@ async def run_jobs(
     countdown.jobs = [
         server.start_job(item, stream=False, on_update=countdown.update) for item in items
     ]
-    if not await _finished_before_disconnect(countdown.event, receive):
-        for job in countdown.jobs:
-            server.cancel(job)
+    try:
+        finished = await _finished_before_disconnect(countdown.event, receive)
+    except asyncio.CancelledError:
+        _cancel_unfinished(server, countdown.jobs)
+        raise
+    if not finished:
+        _cancel_unfinished(server, countdown.jobs)
         return None
     return countdown.jobs
 

@@ -3,6 +3,8 @@
 Flags left unset that SGLang derives (mem_fraction_static, tp_size, max_running_requests,
 chunked_prefill_size) take the simulator profile's values when the server starts.
 `--profile` is a profile's name or a profile file (.yaml/.yml, see `load_sim_profile`).
+The timed fault flags (`--fault-stall-after`, `--fault-decay-after`, `--fault-exit-after`)
+count server seconds from the server's creation: wall-clock seconds times `--speed`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     schedule_policy: str = "fcfs"
     tp_size: int | None = None
     dp_size: int = 1
+    allow_auto_truncate: bool = False
     enable_metrics: bool = False
     api_key: str | None = None
     random_seed: int = 0
@@ -57,6 +60,12 @@ class SimConfig(msgspec.Struct, kw_only=True):
     fault_drop_rate: float = 0.0
     fault_hang_rate: float = 0.0
     fault_abort_rate: float = 0.0
+    fault_truncate_rate: float = 0.0
+    fault_stall_after: float | None = None
+    fault_stall_for: float | None = None
+    fault_decay_after: float | None = None
+    fault_decay_factor: float = 10.0
+    fault_exit_after: float | None = None
     fault_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -92,6 +101,12 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("chunked_prefill_size", lambda value: value in (None, -1) or value >= 1, "-1 or >= 1"),
     ("decode_log_interval", _positive, "must be at least 1"),
     ("stream_interval", _positive, "must be at least 1"),
+    ("fault_truncate_rate", lambda value: 0.0 <= value <= 1.0, "must be in [0, 1]"),
+    ("fault_stall_after", _non_negative, "must be >= 0 (server seconds)"),
+    ("fault_stall_for", _positive, "must be positive (server seconds)"),
+    ("fault_decay_after", _non_negative, "must be >= 0 (server seconds)"),
+    ("fault_decay_factor", lambda value: value > 1 and math.isfinite(value), "must be above 1"),
+    ("fault_exit_after", _non_negative, "must be >= 0 (server seconds)"),
 )
 
 
@@ -110,6 +125,8 @@ def _check_config(config: SimConfig) -> None:
     )
     if any(not 0.0 <= rate <= 1.0 for rate in rates) or sum(rates) > 1.0:
         raise ConfigError("fault rates", "each must be in [0, 1] and together at most 1")
+    if config.fault_stall_for is not None and config.fault_stall_after is None:
+        raise ConfigError("fault_stall_for", "needs fault_stall_after (when the stall starts)")
 
 
 def _fraction(text: str) -> float:
@@ -137,6 +154,13 @@ def _non_negative_float(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _factor(text: str) -> float:
+    value = float(text)
+    if not (value > 1 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number above 1, got {text}")
     return value
 
 
@@ -173,7 +197,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's flags: SGLang server flags, simulator flags, fault flags."""
     _add_server_arguments(parser.add_argument_group("server (SGLang flags)"))
     _add_simulator_arguments(parser.add_argument_group("simulator"))
-    _add_fault_arguments(parser.add_argument_group("faults"))
+    _add_fault_arguments(
+        parser.add_argument_group(
+            "faults",
+            "misbehave on purpose; S and D are server seconds since the server started "
+            "(wall-clock seconds times --speed)",
+        )
+    )
 
 
 def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
@@ -261,6 +291,12 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         help="data parallel replicas, each with its own KV pool",
     )
     add(
+        "--allow-auto-truncate",
+        action="store_true",
+        help="cut an over-long input (keeping its start) instead of answering 400; "
+        "max_new_tokens is cut to fit the context",
+    )
+    add(
         "--disable-radix-cache",
         action="store_true",
         help="no prefix cache: every prompt is prefilled whole",
@@ -318,7 +354,57 @@ def _add_fault_arguments(group: argparse._ArgumentGroup) -> None:
         default=0.0,
         help="share of /generate aborted (SGLang's abort: HTTP 503, or a streamed abort chunk)",
     )
-    add("--fault-seed", type=int, default=0, help="seed of the fault draws (default: %(default)s)")
+    add(
+        "--fault-truncate-rate",
+        type=_rate,
+        default=0.0,
+        help="share of prompts (of 2+ tokens) silently cut to their first half; "
+        "meta_info.prompt_tokens is the cut length",
+    )
+    add(
+        "--fault-stall-after",
+        type=_non_negative_float,
+        default=None,
+        metavar="S",
+        help="from S server seconds after start the scheduler makes no progress (no token, "
+        "requests queue) while /health and /metrics still answer",
+    )
+    add(
+        "--fault-stall-for",
+        type=_positive_float,
+        default=None,
+        metavar="D",
+        help="the stall ends after D server seconds (default: it lasts)",
+    )
+    add(
+        "--fault-decay-after",
+        type=_non_negative_float,
+        default=None,
+        metavar="S",
+        help="from S server seconds after start every step takes --fault-decay-factor times "
+        "as long, for good",
+    )
+    add(
+        "--fault-decay-factor",
+        type=_factor,
+        default=10.0,
+        metavar="F",
+        help="slowdown of --fault-decay-after, above 1 (default: %(default)s)",
+    )
+    add(
+        "--fault-exit-after",
+        type=_non_negative_float,
+        default=None,
+        metavar="S",
+        help="the process dies S server seconds after start (one log line, exit status 1, "
+        "no graceful shutdown)",
+    )
+    add(
+        "--fault-seed",
+        type=int,
+        default=0,
+        help="seed of the fault draws (default: %(default)s)",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:

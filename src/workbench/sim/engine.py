@@ -29,17 +29,22 @@ the batch at the next step, which frees its KV. A marked request that a retracti
 finishes there instead of going back to the queue.
 
 The step's duration comes from `step_cost(running, prefilled_tokens, host_loaded_tokens)`
-(see `workbench.sim.profiles.step_seconds`). `step()` changes the state at once;
+(see `workbench.sim.profiles.step_seconds`), times `step_factor()` (1 unless a decay fault
+slows every step down). `step()` changes the state at once;
 `publish()` is called when the step's time has passed: it stamps times, notifies waiters and,
-every `log_interval` decode steps, reports throughput. `Engine.model_seconds` sums the steps'
-durations: the model time the engine has worked, whatever the host's speed (idle time is not
-counted). `EngineLoop` paces steps in real time (its clock and sleep are injectable).
+every `log_interval` decode steps, reports throughput. The observer's statistics are also
+reported when the engine falls idle (a step or an abort leaves nothing running or waiting), as
+SGLang's scheduler publishes them from `on_idle` when its running-requests gauge is stale.
+`Engine.model_seconds` sums the steps' durations: the model time the engine has worked,
+whatever the host's speed (idle time is not counted). `EngineLoop` paces steps in real time
+(its clock and sleep are injectable) and holds them while a stall fault lasts.
 Work per step is O(running requests) plus O(prompt blocks) for each admitted request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -47,6 +52,7 @@ from enum import Enum
 from typing import NamedTuple, Protocol
 
 from workbench.sim.cache import PrefixCache
+from workbench.sim.faults import TimedFaults
 from workbench.sim.profiles import Sizing
 
 __all__ = [
@@ -206,6 +212,7 @@ class Engine:
         log: Callable[[str], None] | None = None,
         log_interval: int = 40,
         prefix_cache: bool = True,
+        step_factor: Callable[[], float] | None = None,
     ) -> None:
         self.sizing = sizing
         self.capacity = sizing.max_total_num_tokens
@@ -219,7 +226,9 @@ class Engine:
         self.retractions = 0
         self.last_gen_throughput = 0.0
         self.model_seconds = 0.0
+        self.last_output_at = -math.inf  # when a step last published tokens (engine clock)
         self._step_cost = step_cost
+        self._step_factor = step_factor
         self._clock = clock
         self._observer = observer
         self._log = log
@@ -265,7 +274,14 @@ class Engine:
         now = self._clock()
         for request in queued:
             self._finish_in_queue(request, now)
+        if queued:
+            self._report_if_idle()
         return len(queued) + len(marked)
+
+    def _report_if_idle(self) -> None:
+        """Report the statistics once nothing runs or waits (scheduler `on_idle`)."""
+        if not self.has_work and self._observer:
+            self._observer.on_stats(self)
 
     @staticmethod
     def _finish_in_queue(request: Request, now: float) -> None:
@@ -295,6 +311,8 @@ class Engine:
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
         duration = self._step_cost(running, prefilled, host_loaded)
+        if self._step_factor is not None:
+            duration *= self._step_factor()
         self.model_seconds += duration
         return Step(duration, admitted, started, updated, finished + dropped, tokens)
 
@@ -322,9 +340,12 @@ class Engine:
         for request in (*step.updated, *step.finished):
             if request.on_update is not None:
                 request.on_update()
+        if step.tokens or step.finished:
+            self.last_output_at = now
         if step.admitted and self._observer:
             self._observer.on_stats(self)
         self._count_decode(step, now)
+        self._report_if_idle()
 
     def decode_log_line(self) -> str:
         """SGLang's scheduler line for decode batches."""
@@ -494,6 +515,11 @@ class EngineLoop:
     until it has caught up, keeping the average pace; it gives up catching up beyond
     MAX_LAG_SECONDS (the process is then too busy for the requested speed). The loop task
     starts on the first submit and ends when the engine is idle.
+
+    With `faults`, no step starts while a stall lasts (the steps already taken are published
+    at their time): requests stay where they are and new ones queue. Scheduler actions that
+    `when_running` is given (aborts) wait for the stall's end too, as a hung scheduler reads
+    none of its input.
     """
 
     def __init__(
@@ -503,16 +529,34 @@ class EngineLoop:
         *,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        faults: TimedFaults | None = None,
     ) -> None:
         self.engine = engine
         self.speed = speed
         self._clock = clock
         self._sleep = sleep
+        self._faults = faults
+        self._deferred: list[Callable[[], object]] = []
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def stalled(self) -> bool:
+        return self._faults is not None and self._faults.stalled()
 
     def submit(self, request: Request) -> None:
         """Queue a request and make sure the loop runs."""
         self.engine.submit(request)
+        self._ensure_running()
+
+    def when_running(self, action: Callable[[], object]) -> None:
+        """Run `action` on the engine now, or once a stall is over."""
+        if not self.stalled:
+            action()
+            return
+        self._deferred.append(action)
+        self._ensure_running()
+
+    def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -524,7 +568,15 @@ class EngineLoop:
 
     async def _run(self) -> None:
         deadline = self._clock()
-        while self.engine.has_work:
+        while self.engine.has_work or self._deferred:
+            if self._faults is not None and self.stalled:
+                await self._faults.until_running(self._sleep)
+                deadline = self._clock()
+            for action in self._deferred:
+                action()
+            self._deferred.clear()
+            if not self.engine.has_work:
+                break
             step = self.engine.step()
             now = self._clock()
             deadline = max(deadline, now - MAX_LAG_SECONDS) + step.duration / self.speed

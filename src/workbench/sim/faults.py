@@ -10,7 +10,10 @@ aborts as SGLang does: HTTP 503 with its error body, or, streamed, a final chunk
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import time
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import httpx
@@ -21,6 +24,8 @@ __all__ = [
     "ConnectionDropped",
     "Fault",
     "FaultPlan",
+    "TimedFaults",
+    "TruncationPlan",
     "close_connection",
     "drop_connection",
     "hang",
@@ -70,6 +75,90 @@ class FaultPlan:
     def error_status(self) -> int:
         """The HTTP status of an injected server error: 500 or 503."""
         return self._rng.choice((500, 503))
+
+
+class TruncationPlan:
+    """Seeded draws of the prompts whose tokens are silently cut (`rate` in [0, 1])."""
+
+    def __init__(self, *, rate: float, seed: int) -> None:
+        self.rate = rate
+        # A stream of its own: turning this fault on leaves the other faults' draws as they were.
+        self._rng = random.Random(f"truncate:{seed}")
+
+    def cut(self, input_ids: list[int]) -> list[int] | None:
+        """The ids kept of the next prompt (its first half) when the draw picks it, else None.
+        Prompts of fewer than 2 tokens are never cut and take no draw."""
+        if self.rate <= 0 or len(input_ids) < 2:
+            return None
+        if self._rng.random() >= self.rate:
+            return None
+        return input_ids[: len(input_ids) // 2]
+
+
+class TimedFaults:
+    """The faults that start at a moment of server time: stall, decay, exit.
+
+    Server time is the wall-clock time since creation times `speed` (the engine's steps take
+    their model time over `speed` of wall-clock time). `None` turns a fault off; a stall with
+    `stall_for=None` lasts for good.
+    """
+
+    def __init__(
+        self,
+        *,
+        speed: float = 1.0,
+        stall_after: float | None = None,
+        stall_for: float | None = None,
+        decay_after: float | None = None,
+        decay_factor: float = 1.0,
+        exit_after: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.speed = speed
+        self.stall_after = stall_after
+        self.stall_for = stall_for
+        self.decay_after = decay_after
+        self.decay_factor = decay_factor
+        self.exit_after = exit_after
+        self._clock = clock
+        self.started = clock()
+
+    def server_seconds(self) -> float:
+        """Server time since creation."""
+        return (self._clock() - self.started) * self.speed
+
+    def stall_left(self) -> float:
+        """Wall-clock seconds until the stall ends: 0 when not stalled, inf for a lasting one."""
+        if self.stall_after is None:
+            return 0.0
+        now = self.server_seconds()
+        if now < self.stall_after:
+            return 0.0
+        if self.stall_for is None:
+            return math.inf
+        return max(0.0, self.stall_after + self.stall_for - now) / self.speed
+
+    def stalled(self) -> bool:
+        return self.stall_left() > 0
+
+    async def until_running(
+        self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
+        """Return once no stall holds the scheduler (never, in a lasting stall)."""
+        while (left := self.stall_left()) > 0:
+            await sleep(min(left, HANG_SECONDS))
+
+    def step_factor(self) -> float:
+        """How many times longer a step takes now: `decay_factor` from `decay_after` on."""
+        if self.decay_after is not None and self.server_seconds() >= self.decay_after:
+            return self.decay_factor
+        return 1.0
+
+    def exit_in(self) -> float | None:
+        """Wall-clock seconds until the process exits (0 when due), None without that fault."""
+        if self.exit_after is None:
+            return None
+        return max(0.0, self.exit_after - self.server_seconds()) / self.speed
 
 
 async def drop_connection(receive: Receive) -> None:

@@ -12,8 +12,9 @@ moves once per abort the tokenizer manager sends (`abort_request`: a client gone
 pool-full aborts the scheduler makes itself. Inter-token latency is observed per token, from each
 output batch (`observe_inter_token_latency`: the interval over the batch's new tokens),
 streamed requests every step and others every 50 tokens. Gauges move only when the engine
-reports statistics (after steps that admit requests and every decode log interval), as
-SGLang's do. Two simulator gauges count /generate HTTP requests in flight, now and at most
+reports statistics (after steps that admit requests, every decode log interval, and when it
+falls idle: scheduler `on_idle`), as SGLang's do; a stalled engine reports nothing, so they
+keep their last values. Two simulator gauges count /generate HTTP requests in flight, now and at most
 since start; a third is the model time the engine has worked (the sum of its steps'
 durations, the busiest data-parallel rank's), a clock that the host's speed does not move.
 `sglang:max_total_num_tokens` is set once at start (the scheduler's `emit_constants`): the KV

@@ -10,6 +10,14 @@ ContractError (`{"error": "<text>"}`, the JSON contract of `sglang/api/v1/api_ty
 InvalidRequest (`{"error": {"message": ...}}`, a ValueError in the tokenizer manager), both
 HTTP 400. Unknown top-level keys are ignored; unknown sampling keys are refused.
 
+Over-long inputs are refused with 400 unless `Limits.allow_auto_truncate` (SGLang's
+--allow-auto-truncate), which cuts them as SGLang 0.5.23 does, each cut with its warning: the
+tokenizer manager (`_validate_one_request`) keeps the first `context_length` tokens of an input
+that long or longer, then lowers `max_new_tokens` to `context_length - input` when the two do not
+fit together; the scheduler (`validate_input_length`) then keeps the first `max_req_input_len`
+tokens of an input that long or longer. The start is kept; `meta_info.prompt_tokens` is the
+length kept.
+
 POST /abort_request takes io_struct's `AbortReq`: `rid` (a string, default empty) and
 `abort_all` (a boolean, default false); other keys are ignored. A body that does not fit is
 FastAPI's validation error, which http_server answers 400 with an `ErrorResponse` (type "Bad
@@ -19,6 +27,7 @@ Request"); its message is pydantic's, approximated here.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -63,11 +72,13 @@ class AbortBody(NamedTuple):
 
 
 class Limits(NamedTuple):
-    """What the server accepts."""
+    """What the server accepts; `warn` receives the truncation warnings."""
 
     vocab_size: int
     max_req_input_len: int
     context_length: int
+    allow_auto_truncate: bool = False
+    warn: Callable[[str], None] | None = None
 
 
 class GenerateItem(NamedTuple):
@@ -224,7 +235,13 @@ def _item(
         sent = ids
     if rid is not None and not isinstance(rid, str):
         raise InvalidRequest("rid must be a string (or one string per prompt)")
-    _check_lengths(len(ids), sampling.max_new_tokens, limits)
+    if limits.allow_auto_truncate:
+        cut, sampling = _auto_truncate(ids, sampling, limits)
+        if len(cut) < len(ids):
+            ids = cut
+            sent = cut
+    else:
+        _check_lengths(len(ids), sampling.max_new_tokens, limits)
     if logprob is not None and logprob.start > len(ids):
         raise InvalidRequest(
             f"req.logprob_start_len={logprob.start} is higher than the number of input tokens "
@@ -260,6 +277,46 @@ def _check_lengths(prompt_tokens: int, max_new_tokens: int, limits: Limits) -> N
             f"messages and {max_new_tokens} tokens for the completion. Please reduce the number "
             f"of tokens in the input messages or the completion to fit within the limit."
         )
+
+
+def _auto_truncate(
+    ids: list[int], sampling: Sampling, limits: Limits
+) -> tuple[list[int], Sampling]:
+    """--allow-auto-truncate: the input and max_new_tokens cut as SGLang cuts them."""
+    if not ids:
+        raise InvalidRequest("The input is empty.")
+    context = limits.context_length
+    if len(ids) >= context:
+        _warn(
+            limits,
+            f"The input ({len(ids)} tokens) is longer than the model's context length "
+            f"({context} tokens). Truncating the input.",
+        )
+        ids = ids[:context]
+    if len(ids) + sampling.max_new_tokens > context:
+        _warn(
+            limits,
+            f"Requested token count ({len(ids)} input + {sampling.max_new_tokens} new) exceeds "
+            f"the model's context length ({context} tokens). Truncating max_new_tokens.",
+        )
+        room = max(0, context - len(ids))
+        sampling = msgspec.structs.replace(
+            sampling, max_new_tokens=room, min_new_tokens=min(sampling.min_new_tokens, room)
+        )
+    if len(ids) >= limits.max_req_input_len:
+        _warn(
+            limits,
+            "Request length is longer than the KV cache pool size or the max context length. "
+            f"Truncated. len(req.origin_input_ids)={len(ids)}, "
+            f"max_req_input_len={limits.max_req_input_len}.",
+        )
+        ids = ids[: limits.max_req_input_len]
+    return ids, sampling
+
+
+def _warn(limits: Limits, message: str) -> None:
+    if limits.warn is not None:
+        limits.warn(message)
 
 
 def abort_reason(

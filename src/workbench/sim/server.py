@@ -4,12 +4,19 @@ Prompts go to the ranks round robin, as SGLang's data-parallel controller sends 
 server knows its unfinished jobs by rid, as the tokenizer manager's `rid_to_state`, for
 POST /abort_request (`abort_request`): an unknown or empty rid is ignored; a known one aborts,
 on every rank, each request whose rid starts with it (the scheduler matches by prefix); and
-`abort_all` aborts everything.
+`abort_all` aborts everything. While a stall fault holds the scheduler, aborts wait for its end.
+
+Fault state lives here too: the per-request draws (`faults`), the prompt truncations
+(`truncations`, applied to every sequence but health checks as it is queued) and the timed
+faults (`timed`: stall and decay act through the engine loops; `exit_when_due` is the task
+that ends the process through `exit_process`, `os._exit` unless a test replaces it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
 import shlex
 import sys
 import time
@@ -26,7 +33,7 @@ from workbench.sim.cache import block_hashes
 from workbench.sim.completion import complete, reasoning_length
 from workbench.sim.config import SimConfig
 from workbench.sim.engine import Engine, EngineLoop, Request
-from workbench.sim.faults import FaultPlan
+from workbench.sim.faults import FaultPlan, TimedFaults, TruncationPlan
 from workbench.sim.job import Job
 from workbench.sim.metrics import SimMetrics
 from workbench.sim.outputs import fixed_output, output_seed, plan_output, render_text
@@ -34,18 +41,28 @@ from workbench.sim.profiles import GB, get_sim_profile, plan_sizing, step_second
 from workbench.sim.protocol import GenerateItem, Limits, abort_reason
 from workbench.sim.replies import ReplyOptions, generate_reply
 
-__all__ = ["CLIENT_GONE_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "SimServer"]
+__all__ = ["CLIENT_GONE_MESSAGE", "EXIT_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "SimServer"]
 
 VERSION = "0.5.23"  # the SGLang release whose API the simulator follows
 FAULT_ABORT_MESSAGE = "Abort request: injected fault"
 CLIENT_GONE_MESSAGE = "Abort request: the client disconnected"
+EXIT_MESSAGE = "Injected fault: the server process exits with status 1 (--fault-exit-after {0:g})"
+EXIT_STATUS = 1
 
 
 class SimServer:
     """Everything the HTTP layer needs; raises OutOfMemory when the configuration cannot start."""
 
-    def __init__(self, config: SimConfig, *, log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        log: Callable[[str], None] | None = None,
+        exit_process: Callable[[int], object] = os._exit,
+    ) -> None:
         self.config = config
+        self.log = log
+        self.exit_process = exit_process
         self.profile = get_sim_profile(config.profile)
         self.model = get_profile(config.model_profile)
         self.mem_fraction_static = (
@@ -66,7 +83,11 @@ class SimServer:
         )
         self._warn_pool_cap(log)
         self.limits = Limits(
-            self.model.vocab_size, self.sizing.max_req_input_len, self.sizing.context_length
+            self.model.vocab_size,
+            self.sizing.max_req_input_len,
+            self.sizing.context_length,
+            allow_auto_truncate=config.allow_auto_truncate,
+            warn=log,
         )
         self.metrics = SimMetrics(config.model_path)
         self.metrics.emit_constants(self.sizing.max_total_num_tokens)
@@ -77,8 +98,18 @@ class SimServer:
             abort=config.fault_abort_rate,
             seed=config.fault_seed,
         )
+        self.truncations = TruncationPlan(rate=config.fault_truncate_rate, seed=config.fault_seed)
+        self.timed = TimedFaults(
+            speed=config.speed,
+            stall_after=config.fault_stall_after,
+            stall_for=config.fault_stall_for,
+            decay_after=config.fault_decay_after,
+            decay_factor=config.fault_decay_factor,
+            exit_after=config.fault_exit_after,
+        )
         self.loops = [
-            EngineLoop(self._engine(rank, log), config.speed) for rank in range(config.dp_size)
+            EngineLoop(self._engine(rank, log), config.speed, faults=self.timed)
+            for rank in range(config.dp_size)
         ]
         self.metrics.engines = self.engines
         self.created = int(time.time())
@@ -112,6 +143,7 @@ class SimServer:
             log=log,
             log_interval=self.config.decode_log_interval,
             prefix_cache=not self.config.disable_radix_cache,
+            step_factor=self.timed.step_factor,
         )
 
     @property
@@ -131,7 +163,9 @@ class SimServer:
         health: bool = False,
     ) -> Job:
         """Plan the sequence's output and queue it on the next rank (`health`: a health check,
-        left out of the metrics)."""
+        left out of the metrics and the truncation fault)."""
+        if not health:
+            item = self.truncated(item)
         sampling = item.sampling
         seed = output_seed(
             self.config.random_seed,
@@ -160,11 +194,22 @@ class SimServer:
         loop.submit(request)
         return job
 
+    def truncated(self, item: GenerateItem) -> GenerateItem:
+        """The sequence as the truncation fault leaves it: its first half, when drawn."""
+        kept = self.truncations.cut(item.input_ids)
+        if kept is None:
+            return item
+        return item._replace(prompt=kept, input_ids=kept)
+
     def _updated(self, job: Job, on_update: Callable[[], None]) -> None:
         """A job's request published: forget it once done, then tell its waiter."""
         if job.request.done:
             self._live.discard(job)
         on_update()
+
+    def output_since(self, moment: float) -> bool:
+        """Whether any rank published output after `moment` (time.perf_counter)."""
+        return any(engine.last_output_at > moment for engine in self.engines)
 
     def cancel(self, job: Job) -> None:
         """Abort a job whose client went away (the tokenizer manager's abort, counted)."""
@@ -175,25 +220,46 @@ class SimServer:
     def abort_request(self, rid: str, *, abort_all: bool = False) -> int:
         """POST /abort_request (tokenizer_manager `abort_request`, scheduler `abort_request`);
         returns how many requests it aborted. Waiting ones are answered at once, running
-        ones at the next step."""
+        ones at the next step; during a stall the abort waits for its end (and counts 0)."""
         if not abort_all and not self._knows(rid):
             return 0
         self.metrics.abort_sent()
         if abort_all:
-            return sum(engine.abort(_everything) for engine in self.engines)
-        targets = {job.request for job in self._live if job.item.rid.startswith(rid)}
-        return sum(engine.abort(targets.__contains__) for engine in self.engines)
+            matches: Callable[[Request], bool] = _everything
+        else:
+            matches = {job.request for job in self._live if job.item.rid.startswith(rid)}.__contains__
+        aborted = 0
+
+        def run(engine: Engine) -> None:
+            nonlocal aborted
+            aborted += engine.abort(matches)
+
+        for loop in self.loops:
+            loop.when_running(partial(run, loop.engine))
+        return aborted
 
     def _knows(self, rid: str) -> bool:
         """Whether `rid` names an unfinished request (an empty one never does)."""
         return bool(rid) and any(job.item.rid == rid for job in self._live)
+
+    async def exit_when_due(self) -> None:
+        """The --fault-exit-after crash: at its time, one log line, then `exit_process(1)`
+        (no graceful shutdown: nothing after it runs in a real process)."""
+        delay = self.timed.exit_in()
+        if delay is None:
+            return
+        await asyncio.sleep(delay)
+        if self.log is not None:
+            self.log(EXIT_MESSAGE.format(self.config.fault_exit_after))
+        self.exit_process(EXIT_STATUS)
 
     def job_reply(self, job: Job, e2e_latency: float | None = None) -> dict[str, Any]:
         """The job's reply as published so far; `e2e_latency` only on the final one."""
         return generate_reply(job, self.reply_options, e2e_latency)
 
     def fixed_reply(self, item: GenerateItem, e2e_latency: float) -> dict[str, Any]:
-        """The fixed-latency mode's reply."""
+        """The fixed-latency mode's reply (the truncation fault applies)."""
+        item = self.truncated(item)
         plan = fixed_output(self.model, item.max_new_tokens)
         finish: dict[str, Any] = (
             {"type": "stop", "matched": plan.matched}
