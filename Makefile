@@ -26,7 +26,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/workbench demo --out outputs/demo
 
 test: $(VENV)/.installed-test
-	./scripts/ci_install_browser.sh
+	./scripts/ci_install_system.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test

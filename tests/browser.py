@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-INSTALL_HINT = "headless Chromium is missing: run scripts/ci_install_browser.sh (Debian package chromium)"
+INSTALL_HINT = "headless Chromium is missing: run scripts/ci_install_system.sh (Debian package chromium)"
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--mute-audio",

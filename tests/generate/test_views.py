@@ -43,6 +43,9 @@ def test_bars_stay_readable(width: int) -> None:
     items = [progress("B1_glaive", 10000, 201, done_this_run=1, tokens_this_run=23800, errors=3),
              progress("B3_pretok", 300, 300, done_this_run=300, tokens_this_run=600)]
     items[1].finished = time.perf_counter()
+    now = time.time()  # the records' times: 23,800 tokens in the 100 s since the first; 598 in 100 s
+    items[0].times.extend([now - 100, now], [0, 23800])
+    items[1].times.extend([now - 100 + i * 100 / 299 for i in range(300)], [2] * 300)
     view.start(fake_runner(*items))
     view.stop()
     console.print(view.progress.get_renderable())

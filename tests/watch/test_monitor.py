@@ -122,7 +122,7 @@ def test_clean_run_numbers_and_no_alert(tmp_path: Path) -> None:
     state = state_of(tmp_path)
 
     assert state.alerts == ()
-    assert state.statuses == {"A": "done", "B": "running", "C": "idle"}
+    assert state.statuses == {"A": "done", "B": "running", "C": "waiting"}
     frame = render_frame(state)
     assert frame.splitlines()[-1] == "no alerts"
     # 59 records after the first one in 118 s, 300 tokens each: 150 tok/s
@@ -310,7 +310,7 @@ async def test_server_line_from_metrics_and_counter_rates(tmp_path: Path) -> Non
     monitor = monitor_for(tmp_path, server, clock)
     first = await monitor.poll()
     assert (
-        "server http://gpu:30000: 12 running, 0 queued, token usage 42%, gen 777 tok/s, "
+        "server http://gpu:30000: 12 running, 0 queued, token usage 42%, server gen 777 tok/s, "
         "cache hit 10%" in render_frame(first)
     )
     clock.now += 10
@@ -318,7 +318,7 @@ async def test_server_line_from_metrics_and_counter_rates(tmp_path: Path) -> Non
     second = await monitor.poll()
     # over the 10 s since the first reading: 12,000 tokens generated, and 6,000 of the
     # 10,000 new prompt tokens cached
-    assert "14 running, 2 queued, token usage 50%, gen 1,200 tok/s, cache hit 60%" in render_frame(
+    assert "14 running, 2 queued, token usage 50%, server gen 1,200 tok/s, cache hit 60%" in render_frame(
         second
     )
     assert second.alerts == ()
@@ -507,7 +507,7 @@ def test_monitor_follows_a_generation_on_the_simulator(
     # gauges move only when the server logs statistics: check the line's shape, not their values
     pattern = (
         rf"server {re.escape(server.url)}: \d+ running, \d+ queued, token usage \d+%, "
-        r"gen [\d,]+ tok/s, cache hit \d+%"
+        r"server gen [\d,]+ tok/s, cache hit \d+%"
     )
     assert re.search(pattern, frame), frame
 

@@ -1,16 +1,18 @@
-"""How far a dataset is, how fast it goes, and when it ends: the stats' progress figures.
+"""How far a dataset is, how fast it goes, and when it ends: the progress figures that
+``workbench stats``, the monitor and generate's progress line all show.
 
     target        records: run.json's ``prompts`` capped by ``max_samples`` (else the lines
                   of prompts.jsonl); tokens: run.json's ``max_tokens`` budget
-    rates         completion tokens and records per second over the last ``window``
-                  seconds of record ``ts`` values; while the first record is inside the
-                  window, over the time since it (that record only marks the start)
+    rates         :func:`workbench.rundir.rates.record_rates`, the one definition of tok/s and
+                  records/s: over the last 5 minutes of record ``ts`` values while a dataset
+                  runs, over its first to its last record once it is finished
     finished      records plus failed ids reach the target, or the completion tokens reach
                   the budget
     remaining     records still to come: by count, or by the budget left over the average
                   reply, whichever is less
     eta           what is left (records, or tokens under a budget, whichever ends first)
-                  over the recent rate; 0 when finished, None without a target or a rate
+                  over the rates (:func:`~workbench.rundir.rates.eta_seconds`); 0 when
+                  finished, None without a target or a rate
 
 A run's total: the records left everywhere over the summed request rate (the datasets of a
 run share one pipeline).
@@ -18,10 +20,12 @@ run share one pipeline).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Progress", "Target", "progress", "rates", "total_progress"]
+from workbench.rundir.rates import Rates, eta_seconds
+
+__all__ = ["Progress", "Target", "progress", "total_progress"]
 
 
 class Target(NamedTuple):
@@ -67,25 +71,6 @@ class Counted(Protocol):
     def requests_per_s(self) -> float | None: ...
 
 
-def rates(
-    window: Iterable[tuple[float, int]], first_ts: float | None, now: float, length: float
-) -> tuple[float | None, float | None, int]:
-    """(completion tok/s, records/s, records in the window) over the last ``length`` seconds
-    of (ts, completion tokens) pairs."""
-    cutoff = now - length
-    recent = [(ts, tokens) for ts, tokens in window if ts > cutoff]
-    if first_ts is None:
-        return None, None, len(recent)
-    span, tokens, count = length, sum(t for _, t in recent), len(recent)
-    if first_ts > cutoff and recent:
-        span = now - first_ts
-        first = min(recent)
-        tokens, count = tokens - first[1], count - 1
-    if span <= 0:
-        return 0.0, 0.0, len(recent)
-    return tokens / span, count / span, len(recent)
-
-
 def progress(d: Counted) -> Progress:
     """Remaining records, finished and ETA of one dataset."""
     records, tokens = _left(d)
@@ -94,7 +79,8 @@ def progress(d: Counted) -> Progress:
         finished = True
     if finished:
         return Progress(0.0, True, 0.0)
-    return Progress(_records_left(records, tokens, d), False, _eta(records, tokens, d))
+    rates = Rates(d.tokens_per_s, d.requests_per_s)
+    return Progress(_records_left(records, tokens, d), False, eta_seconds(records, tokens, rates))
 
 
 def total_progress(parts: Sequence[Progress], req_rate: float | None) -> Progress:
@@ -117,15 +103,6 @@ def _left(d: Counted) -> tuple[int | None, int | None]:
     if d.max_tokens is not None:
         tokens = max(0, d.max_tokens - d.completion_tokens)
     return records, tokens
-
-
-def _eta(records: int | None, tokens: int | None, d: Counted) -> float | None:
-    candidates = []
-    if records is not None and d.requests_per_s:
-        candidates.append(records / d.requests_per_s)
-    if tokens is not None and d.tokens_per_s:
-        candidates.append(tokens / d.tokens_per_s)
-    return min(candidates) if candidates else None
 
 
 def _records_left(records: int | None, tokens: int | None, d: Counted) -> float | None:

@@ -20,10 +20,12 @@ What is counted, per dataset (``OUT/<name>/``):
     layout                      ``flat``, ``legacy``, ``meta_info``, ``mixed`` or ``none``
     prepared_prompt_tokens      ids in prompts.jsonl (None when it holds text prompts only)
     tokens_per_s, requests_per_s
-                                completion tokens and records per second over the last
-                                ``window`` seconds, from record ``ts`` values; while the
-                                first record is inside the window, over the time since it
-                                (that record only marks the start); None without any ``ts``
+                                :func:`workbench.rundir.rates.record_rates`: completion tokens
+                                and records per second over the last ``window`` seconds of
+                                record ``ts`` values; while the first record is inside the
+                                window, over the time since it (that record only marks the
+                                start); a finished dataset's over its first to its last
+                                record, fixed once it is finished; None without any ``ts``
     target_records, max_tokens  from run.json: ``prompts`` (capped by ``max_samples``) and
                                 ``max_tokens``; else the line count of prompts.jsonl
     finished                    records plus failed ids reach the target, or the completion
@@ -34,9 +36,10 @@ What is counted, per dataset (``OUT/<name>/``):
 
 The progress figures (target, rates, finished, ETA) are :mod:`workbench.analyze.eta`'s; the
 counting of each file is :mod:`workbench.analyze.counters`; the text of ``workbench stats``
-is :mod:`workbench.analyze.stats_text`. The total row sums the datasets. Lines that are not
-rows are counted in ``bad_lines``; a last line without newline only sets ``torn_tail`` until
-it is complete.
+is :mod:`workbench.analyze.stats_text`. The total row sums the datasets (its rates: the
+datasets' current ones summed; once the whole run is finished, over the run's first to last
+record). Lines that are not rows are counted in ``bad_lines``; a last line without newline
+only sets ``torn_tail`` until it is complete.
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.analyze.counters import ErrorCounts, PromptCounts, RawCounts, nearest_ranks
-from workbench.analyze.eta import Progress, Target, progress, rates, total_progress
+from workbench.analyze.eta import Progress, Target, progress, total_progress
 from workbench.errors import DataError
 from workbench.rundir import prompt_scan
 from workbench.rundir.columns import FileScan, load_cached
 from workbench.rundir.cursor import Cursor, guarded, line_chunks
 from workbench.rundir.layout import DatasetDir, find_datasets
 from workbench.rundir.manifest import ManifestWatcher, dataset_entries
+from workbench.rundir.rates import RATE_WINDOW, RecordTimes, merged_times
 from workbench.rundir.records import iter_blocks
 from workbench.rundir.run import run_root
 
@@ -72,7 +76,7 @@ __all__ = [
     "collect_stats",
 ]
 
-DEFAULT_WINDOW = 300.0
+DEFAULT_WINDOW = RATE_WINDOW
 RECENT_ROWS = 1000
 
 
@@ -220,9 +224,10 @@ def _layout_name(layouts: Mapping[str, int]) -> str:
 class _Dataset:
     """The three files of one dataset and what was counted from them."""
 
-    def __init__(self, ds: DatasetDir, recent_rows: int) -> None:
+    def __init__(self, ds: DatasetDir, recent_rows: int, window: float = RATE_WINDOW) -> None:
         self.ds = ds
         self.recent_rows = recent_rows
+        self.times = RecordTimes(window)  # what the rates are taken from
         self.raw_cursor = Cursor(ds.raw_path)
         self.errors_cursor = Cursor(ds.errors_path)
         self.prompts_cursor = Cursor(ds.prompts_path)
@@ -247,6 +252,8 @@ class _Dataset:
         self.raw = RawCounts(self.recent_rows)
         self.unresolved = set(self.errors.ids)
         self.raw.add_scan(scanned, cutoff, self.unresolved)
+        self.times = RecordTimes(self.times.window)
+        self.times.extend(scanned.columns.ts, scanned.columns.completion_tokens, cutoff)
 
     def _prune(self, cutoff: float) -> None:
         window, errors = self.raw.window, self.errors.window
@@ -271,6 +278,7 @@ class _Dataset:
         if change in ("reset", "gone"):
             self.raw = RawCounts(self.recent_rows)
             self.unresolved = set(self.errors.ids)
+            self.times = RecordTimes(self.times.window)
         if change in ("grown", "reset"):
             cursor = self.raw_cursor
             self.raw.torn = False
@@ -279,6 +287,8 @@ class _Dataset:
             blocks = iter_blocks(cursor.path, offset=cursor.offset, first_line=cursor.line)
             for block in guarded(cursor.path, blocks):
                 self.raw.add_block(block, cutoff, self.unresolved)
+                rows = block.rows
+                self.times.extend([r.ts for r in rows], [r.completion_tokens for r in rows], cutoff)
                 cursor.advance(block.end_offset, block.first_line + block.lines)
 
     def _start_from_cache(self, cutoff: float) -> None:
@@ -288,6 +298,7 @@ class _Dataset:
         if cached is not None and cached[1] > 0:
             scan, offset = cached
             self.raw.add_scan(scan, cutoff, self.unresolved)
+            self.times.extend(scan.columns.ts, scan.columns.completion_tokens, cutoff)
             self.raw_cursor.advance(offset, scan.lines + 1)
 
     def _update_prompts(self) -> None:
@@ -313,7 +324,8 @@ class _Dataset:
         raw = self.raw
         prompt_lines = self.prompts.lines if self.prompts_cursor.ident is not None else None
         target = Target.from_manifest(self.ds.settings, prompt_lines)
-        tok_rate, req_rate, window_records = rates(raw.window, raw.first_ts, now, window)
+        tok_rate, req_rate = self.times.rates(now)
+        window_records = sum(1 for ts, _ in raw.window if ts > now - window)
         percentiles, top = raw.percentiles()
         counted = len(raw.completions)
         stats = DatasetStats(
@@ -344,7 +356,11 @@ class _Dataset:
             last_error_write=self.errors_cursor.mtime,
             recent=self._recent(window_records, now - window),
         )
-        return replace(stats, **progress(stats)._asdict())
+        stats = replace(stats, **progress(stats)._asdict())
+        if stats.finished:  # its rates over its running time: fixed from now on
+            tok_rate, req_rate = self.times.rates(now, finished=True)
+            stats = replace(stats, tokens_per_s=tok_rate, requests_per_s=req_rate)
+        return stats
 
     def _recent(self, window_records: int, cutoff: float) -> RecentStats:
         rows, missing_completion, missing_prompt, truncated, with_reason = self.raw.recent_counts()
@@ -368,9 +384,11 @@ def _truncation(reasons: Mapping[str, int]) -> float | None:
 
 
 def _total(
-    datasets: Sequence[DatasetStats], counted: int, ranks: tuple[tuple[int | None, ...], int | None]
+    datasets: Sequence[DatasetStats], counted: int, ranks: tuple[tuple[int | None, ...], int | None],
+    times: Sequence[RecordTimes], now: float,
 ) -> DatasetStats:
-    """The sums over every dataset; ranks are the percentiles of all completion counts."""
+    """The sums over every dataset; ranks are the percentiles of all completion counts,
+    times the datasets' record times."""
     percentiles, top = ranks
     completion = sum(d.completion_tokens for d in datasets)
     reasons = _merged([d.finish_reasons for d in datasets])
@@ -397,23 +415,31 @@ def _total(
             (d.last_error_write for d in datasets if d.last_error_write), default=None
         ),
     )
-    return _with_total_progress(total, datasets)
+    return _with_total_progress(total, datasets, times, now)
 
 
-def _with_total_progress(total: DatasetStats, datasets: Sequence[DatasetStats]) -> DatasetStats:
-    req_rate = _sum_known([d.requests_per_s for d in datasets], partial=True)
+def _with_total_progress(total: DatasetStats, datasets: Sequence[DatasetStats],
+                         times: Sequence[RecordTimes], now: float) -> DatasetStats:
+    """The run's rates: its datasets' current ones summed (a finished dataset's records of
+    the window included); once every dataset is finished, over the run's first to last record."""
+    current = [t.rates(now) for t in times]
+    req_rate = _sum_known([r.records_per_s for r in current], partial=True)
+    tok_rate = _sum_known([r.tokens_per_s for r in current], partial=True)
     parts = [Progress(d.remaining_records, d.finished, d.eta_s) for d in datasets]
+    progressed = total_progress(parts, req_rate)
+    if progressed.finished:
+        tok_rate, req_rate = merged_times(times).rates(now, finished=True)
     return replace(
         total,
         prepared_prompts=_sum_known([d.prepared_prompts for d in datasets], partial=True),
         prepared_prompt_tokens=_sum_known(
             [d.prepared_prompt_tokens for d in datasets], partial=True
         ),
-        tokens_per_s=_sum_known([d.tokens_per_s for d in datasets], partial=True),
+        tokens_per_s=tok_rate,
         requests_per_s=req_rate,
         target_records=_sum_known([d.target_records for d in datasets]),
         recent=_summed_recent([d.recent for d in datasets]),
-        **total_progress(parts, req_rate)._asdict(),
+        **progressed._asdict(),
     )
 
 
@@ -480,15 +506,15 @@ class StatsCollector:
             dataset.update(now - self.window, scanned.get(name))
             stats[name] = dataset.snapshot(now, self.window)
         raws = [dataset.raw for dataset in self._datasets.values()]
-        total = _total(
-            list(stats.values()), sum(len(r.completions) for r in raws), self._all_ranks(raws)
-        )
+        times = [dataset.times for dataset in self._datasets.values()]
+        total = _total(list(stats.values()), sum(len(r.completions) for r in raws),
+                       self._all_ranks(raws), times, now)
         return RunStats(self.out, now, self.window, stats, total, manifest)
 
     def _dataset(self, ds: DatasetDir) -> _Dataset:
         known = self._datasets.get(ds.name)
         if known is None or known.ds.folder != ds.folder:
-            return _Dataset(ds, self.recent_rows)
+            return _Dataset(ds, self.recent_rows, self.window)
         known.ds = ds  # its run.json entry as it is now
         return known
 

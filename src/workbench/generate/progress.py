@@ -3,7 +3,9 @@
 :class:`DatasetProgress` is what the dispatcher updates as replies arrive (done, errors,
 in flight, tokens, the budget) and what every view shows; :class:`RunSummary` is what a run
 returns. Counts of earlier runs of a resumed run are in ``done`` and ``completion_tokens``;
-the rates and the ETA use this run's alone.
+the rates and the ETA use this run's records alone, with the definition ``workbench stats``
+and the monitor use (:func:`workbench.rundir.rates.record_rates`: tok/s over the last 5
+minutes of records; a finished dataset's over its running time).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from workbench.rundir.rates import Rates, RecordTimes, eta_seconds
 from workbench.text import format_duration
 
 __all__ = ["DatasetProgress", "RunSummary", "format_progress_line"]
@@ -34,9 +37,13 @@ class DatasetProgress:
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
     budget_closed: bool = False  # nothing in flight and not even one more request fits
+    times: RecordTimes = field(default_factory=RecordTimes)  # this run's records: the rates
+    prompt_mismatches: int = 0  # replies whose prompt_tokens are not the ids sent (this run)
 
-    def count_done(self, tokens: int) -> None:
-        """A reply's record is on disk, with `tokens` completion tokens."""
+    def count_done(self, tokens: int, ts: float | None = None) -> None:
+        """A reply's record is on disk, with `tokens` completion tokens (written at wall
+        time `ts`, by default now)."""
+        self.times.add(time.time() if ts is None else ts, tokens)
         self.done += 1
         self.done_this_run += 1
         self.completion_tokens += tokens
@@ -62,20 +69,20 @@ class DatasetProgress:
     def active(self) -> bool:
         return self.finished is None and self.in_flight + self.done_this_run > 0
 
-    def elapsed(self, now: float | None = None) -> float:
-        end = self.finished if self.finished is not None else (now or time.perf_counter())
-        return max(end - self.started, 1e-9)
+    @property
+    def ended(self) -> bool:
+        return self.finished is not None or self.budget_reached
+
+    def rates(self, now: float | None = None) -> Rates:
+        """This run's tok/s and records/s at wall time `now` (by default now)."""
+        return self.times.rates(time.time() if now is None else now, finished=self.ended)
 
     def eta_seconds(self, now: float | None = None) -> float | None:
-        """Seconds left at this run's rate, by samples or by the token budget (whichever ends first)."""
-        elapsed = self.elapsed(now)
-        if self.done_this_run == 0:
-            return None
-        by_samples = max(self.target - self.done, 0) / (self.done_this_run / elapsed)
-        if not self.max_tokens or self.tokens_this_run == 0:
-            return by_samples
-        by_tokens = max(self.max_tokens - self.completion_tokens, 0) / (self.tokens_this_run / elapsed)
-        return min(by_samples, by_tokens)
+        """Seconds left at :meth:`rates` (wall time `now`), by samples or by the token budget
+        (whichever ends first)."""
+        left = max(self.target - self.done - self.failed_ids, 0)
+        budget = max(self.max_tokens - self.completion_tokens, 0) if self.max_tokens else None
+        return eta_seconds(left, budget, self.rates(now))
 
 
 @dataclass(slots=True)
@@ -94,13 +101,13 @@ class RunSummary:
 
 
 def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
-    """`[B1_glaive] 428/10000 (0 err) 1.1 req/s avg_comp=217tok 238 tok/s ETA=2.4h`."""
-    elapsed = p.elapsed(now)
+    """`[B1_glaive] 428/10000 (0 err) 1.1 req/s avg_comp=217tok 238 tok/s ETA=2.4h` at wall
+    time `now` (the rates: :meth:`DatasetProgress.rates`; `-` while there are none)."""
+    rates = p.rates(now)
     avg = p.completion_tokens / p.done if p.done else 0.0
-    line = (
-        f"[{p.name}] {p.done}/{p.target} ({p.errors} err) {p.done_this_run / elapsed:.1f} req/s "
-        f"avg_comp={avg:.0f}tok {p.tokens_this_run / elapsed:.0f} tok/s"
-    )
+    req = "-" if rates.records_per_s is None else f"{rates.records_per_s:.1f}"
+    tok = "-" if rates.tokens_per_s is None else f"{rates.tokens_per_s:.0f}"
+    line = f"[{p.name}] {p.done}/{p.target} ({p.errors} err) {req} req/s avg_comp={avg:.0f}tok {tok} tok/s"
     if p.finished is not None or p.budget_reached:
         return line + (" budget reached" if p.budget_reached else " done")
     return line + f" ETA={format_duration(p.eta_seconds(now))}"

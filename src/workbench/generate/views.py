@@ -9,8 +9,9 @@ Two views, one interface (``start``, ``update``, ``event``, ``stop``), chosen by
                 width the other columns leave (readable at 80 columns)
 
 Both say when the concurrency cap moves, and a resumed run's `resuming OUT: ...` line
-first. :func:`summary_lines` is the closing summary. The views write through the callables
-they are given: the library itself prints nothing.
+first; then what the rates are (:data:`RATES_NOTE`: the definition the monitor and ``workbench
+stats`` use). :func:`summary_lines` is the closing summary. The views write through the
+callables they are given: the library itself prints nothing.
 """
 
 from __future__ import annotations
@@ -25,11 +26,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from workbench.generate.dispatch import Runner
 from workbench.generate.progress import DatasetProgress, RunSummary, format_progress_line
 from workbench.rundir.layout import ERRORS_FILE
+from workbench.rundir.rates import RATE_WINDOW
 from workbench.text import format_duration
 
-__all__ = ["LineView", "RichView", "View", "progress_fields", "resume_line", "summary_lines"]
+__all__ = [
+    "RATES_NOTE",
+    "LineView",
+    "RichView",
+    "View",
+    "progress_fields",
+    "resume_line",
+    "summary_lines",
+]
 
 Say = Callable[[str], None]
+
+RATES_NOTE = (f"tok/s: this run's records of the last {format_duration(RATE_WINDOW)} "
+              "(once finished: its whole run)")  # fits 80 columns
 
 
 class View(Protocol):
@@ -48,16 +61,17 @@ def resume_line(out: Path, progress: Sequence[DatasetProgress]) -> str | None:
     return f"resuming {out}: {done:,}/{target:,} done, {max(0, target - done):,} to send"
 
 
-def progress_fields(p: DatasetProgress) -> str:
-    """The short figures next to a dataset's bar: errors, tok/s and ETA (or how it ended)."""
-    rate = p.tokens_this_run / p.elapsed()
+def progress_fields(p: DatasetProgress, now: float | None = None) -> str:
+    """The short figures next to a dataset's bar: errors, tok/s and ETA (or how it ended), at
+    wall time `now` (by default now)."""
+    rate = p.rates(now).tokens_per_s
     if p.budget_reached:
         end = "budget reached"
     elif p.finished is not None:
         end = "done"
     else:
-        end = f"ETA {format_duration(p.eta_seconds())}"
-    return f"{p.errors} err {rate:,.0f} tok/s {end}"
+        end = f"ETA {format_duration(p.eta_seconds(now))}"
+    return f"{p.errors} err {'-' if rate is None else f'{rate:,.0f}'} tok/s {end}"
 
 
 class LineView:
@@ -81,6 +95,7 @@ class LineView:
         self.say_resume(runner)
         names = ", ".join(f"{p.name} ({p.done}/{p.target} done)" for p in runner.progress())
         self.say(f"generating {names}")
+        self.say(RATES_NOTE)
 
     def say_resume(self, runner: Runner) -> None:
         line = resume_line(self.out, runner.progress())
@@ -121,6 +136,7 @@ class RichView(LineView):
 
     def start(self, runner: Runner) -> None:
         self.say_resume(runner)
+        self._print(RATES_NOTE)
         progress = runner.progress()
         for p in progress:
             self.tasks[p.name] = self.progress.add_task(p.name, total=p.target, completed=p.done,

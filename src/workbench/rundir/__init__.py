@@ -11,4 +11,5 @@
     columns      what one scan keeps per record, and its cache
     prompt_scan  one read of prompts.jsonl, shared by validation, stats and reports
     lock         the writer's lock (who is generating into the run right now)
+    rates        tok/s from the records' times: the one definition every view shows
 """

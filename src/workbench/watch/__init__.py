@@ -3,5 +3,6 @@
     status   the thresholds, the server's state and each dataset's status
     alerts   the alerts of one frame
     render   a frame drawn as text or with rich, fitted to the terminal
+    fit      one line fitted to a width: shorter phrases, parts given up, never wrapped
     monitor  the polling loop and the command
 """

@@ -1,5 +1,8 @@
-"""The monitor's alerts: one line each, ``ALERT <dataset or server>: <cause>``.
+"""The monitor's alerts: one line each, ``ALERT <dataset, run or server>: <cause>``.
 
+    stalled, degraded   the latest such event of the runner's log (run.json ``events``) in
+                        its latest session that no later ``recovered`` event cleared: its
+                        kind, age and message
     schema_drift        a count missing in the most recent records read
     stale_writer        a dataset is stale
     error_rate          failed attempts over the threshold share of the recent window
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from workbench.analyze.stats import DatasetStats, RunStats
 from workbench.text import format_duration
@@ -30,7 +34,10 @@ from workbench.watch.status import (
     run_started,
 )
 
-__all__ = ["alerts", "build_state"]
+__all__ = ["ALERT_EVENTS", "CLEARING_EVENTS", "alerts", "build_state", "open_event"]
+
+ALERT_EVENTS = ("stalled", "degraded")
+CLEARING_EVENTS = ("recovered",)
 
 
 def _percent(part: float, whole: float) -> str:
@@ -107,6 +114,51 @@ def _dataset_alerts(ds: DatasetStats, status: str, stats: RunStats, th: Threshol
     return found + [alert for alert in optional if alert is not None]
 
 
+def _events(manifest: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """run.json's events that have a kind and a time, oldest first (others are skipped:
+    the log is another program's, the monitor shows what it can read)."""
+    events = manifest.get("events")
+    if not isinstance(events, list):
+        return []
+    usable = [e for e in events if isinstance(e, Mapping) and isinstance(e.get("kind"), str)
+              and isinstance(e.get("ts"), (int, float)) and not isinstance(e.get("ts"), bool)]
+    return sorted(usable, key=lambda e: float(e["ts"]))
+
+
+def _session_start(manifest: Mapping[str, Any]) -> float | None:
+    """When the latest generate session on the run started (run.json ``history``)."""
+    history = manifest.get("history")
+    last = history[-1] if isinstance(history, list) and history else None
+    started = last.get("started") if isinstance(last, Mapping) else None
+    return float(started) if isinstance(started, (int, float)) else None
+
+
+def open_event(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The latest stalled or degraded event of the latest session that no later recovered
+    event cleared (the log is kept across resumed sessions: an earlier one's is over)."""
+    found = None
+    since = _session_start(manifest)
+    for event in _events(manifest):
+        if since is not None and float(event["ts"]) < since:
+            continue
+        if event["kind"] in ALERT_EVENTS:
+            found = event
+        elif event["kind"] in CLEARING_EVENTS:
+            found = None
+    return found
+
+
+def _event_alert(stats: RunStats) -> Alert | None:
+    event = open_event(stats.manifest)
+    if event is None:
+        return None
+    kind, message = event["kind"], event.get("message")
+    subject = event.get("dataset")
+    age = format_duration(max(0.0, stats.now - float(event["ts"])))
+    text = f"{kind} {age} ago" + (f": {message}" if isinstance(message, str) and message else "")
+    return Alert(subject if isinstance(subject, str) and subject else "run", kind, text)
+
+
 def _worker_alerts(server: ServerState) -> list[Alert]:
     return [
         Alert("server", "worker_unhealthy",
@@ -151,8 +203,9 @@ def _server_alerts(server: ServerState, th: Thresholds) -> list[Alert]:
 def alerts(
     stats: RunStats, statuses: Mapping[str, str], server: ServerState | None, thresholds: Thresholds
 ) -> list[Alert]:
-    """Every alert of a frame: per dataset in order, then the server's."""
-    found: list[Alert] = []
+    """Every alert of a frame: the runner's open event, per dataset in order, then the server's."""
+    event = _event_alert(stats)
+    found: list[Alert] = [] if event is None else [event]
     for name, ds in stats.datasets.items():
         found += _dataset_alerts(ds, statuses.get(name, "idle"), stats, thresholds)
     if server is not None:

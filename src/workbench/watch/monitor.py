@@ -67,7 +67,7 @@ class Monitor:
 
     ``clock`` returns wall time (record timestamps are wall time); readings of the server
     older than ``rate_window`` seconds are dropped, the oldest kept one is the baseline of
-    the rates shown.
+    the rates shown. The time the server's figures last changed is kept (their age).
     """
 
     def __init__(
@@ -89,6 +89,7 @@ class Monitor:
         self.thresholds = thresholds
         self.rate_window = rate_window
         self._readings: deque[MetricsSnapshot] = deque()
+        self._changed_at: float | None = None
 
     async def poll(self) -> MonitorState:
         """Refresh the figures, poll the server, and return the frame's state."""
@@ -155,7 +156,10 @@ class Monitor:
             self._readings.popleft()
         baseline = self._readings[0] if self._readings else None
         self._readings.append(reading)
-        return ServerState(url, True, metrics=reading, previous=previous, baseline=baseline)
+        if previous is None or replace(previous, at=None) != replace(reading, at=None):
+            self._changed_at = now
+        return ServerState(url, True, metrics=reading, previous=previous, baseline=baseline,
+                           changed_at=self._changed_at)
 
 
 def _client(server: str, transport: httpx.AsyncBaseTransport | None) -> SGLangClient:

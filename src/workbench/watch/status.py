@@ -4,19 +4,25 @@ Dataset status:
 
     done      records plus failed ids reach the target
     budget    the dataset's token budget stopped it before its target
-    stopped   not done, and the generate that wrote the run is gone (its lock on
+    waiting   nothing written yet: no record, no failed attempt, no unreadable line (its
+              files may exist: generate creates them before it sends anything)
+    stopped   started, not done, and the generate that wrote the run is gone (its lock on
               ``OUT/.writer.lock`` is free: see :mod:`workbench.rundir.lock`)
     running   its raw or errors file holds lines and was written within ``stale_after`` s
     stale     it holds lines, was written since the run started (run.json "updated") but not
               within ``stale_after`` s, and the run is active
-    idle      anything else: nothing written yet, or written only by an earlier run, or
-              the run is not active
+    idle      anything else: written only by an earlier run, or the run is not active
 
 The run is active while a generate holds the run's lock; without a lock file (older runs,
 or no ``fcntl``) when any file of the run was written within ``stale_after`` seconds,
 when run.json was written that recently (a run that just started), or when the polled
 server's token or request counters advanced since its baseline reading (up to a minute
 earlier; its gauges keep their last value when it idles, so they are not used).
+
+The run has ended (:func:`run_ended`) once the generate that wrote it is gone (its lock is
+free); it ended when it last wrote run.json (it does when it closes) or a record, whichever
+is later. The server's figures are then those of a server the run no longer uses, and the
+monitor says so.
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ __all__ = [
     "dataset_status",
     "done_text",
     "last_write",
+    "run_ended",
     "run_is_active",
     "run_started",
+    "started",
     "stopped_by_budget",
 ]
 
-STATUSES = ("running", "done", "budget", "stopped", "idle", "stale")
+STATUSES = ("running", "done", "budget", "waiting", "stopped", "idle", "stale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,9 @@ class ServerState:
     ``previous`` is the reading of the poll before, ``baseline`` the oldest kept reading
     (rates and the cache hit rate are taken over the interval since it); ``info`` holds a
     few ``/server_info`` values when the server runs without metrics; ``workers`` is set when
-    the server is an sglang-router.
+    the server is an sglang-router; ``changed_at`` is when the metrics last differed from the
+    reading before (the first reading's time when they never did): SGLang's gauges keep their
+    last value while the server idles, so unchanged figures are old ones.
     """
 
     url: str
@@ -99,6 +109,13 @@ class ServerState:
     baseline: MetricsSnapshot | None = None
     info: Mapping[str, Any] | None = None
     workers: tuple[WorkerState, ...] | None = None
+    changed_at: float | None = None
+
+    def unchanged_for(self, now: float) -> float | None:
+        """Seconds the metrics have read the same (None without metrics or history)."""
+        if self.metrics is None or self.changed_at is None:
+            return None
+        return max(0.0, now - self.changed_at)
 
     @property
     def busy(self) -> bool:
@@ -149,6 +166,20 @@ def last_write(ds: DatasetStats) -> float | None:
     return max(times) if times else None
 
 
+def started(ds: DatasetStats) -> bool:
+    """Whether anything was written for the dataset: a record, a failed attempt, a line."""
+    return bool(ds.records or ds.errors or ds.bad_lines or ds.torn_tail)
+
+
+def run_ended(stats: RunStats, writer: bool | None) -> float | None:
+    """When the run ended, once its generate is gone (`writer` False); else None."""
+    if writer is not False:
+        return None
+    times = [last_write(d) for d in stats.datasets.values()] + [run_started(stats)]
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
 def run_started(stats: RunStats) -> float | None:
     """When the current run wrote run.json ("updated"), if known."""
     updated = stats.manifest.get("updated")
@@ -183,14 +214,14 @@ def dataset_status(
     run_started: float | None = None,
     writer: bool | None = None,
 ) -> str:
-    """running, done, budget, stopped, idle or stale (see the module docstring)."""
+    """running, done, budget, waiting, stopped, idle or stale (see the module docstring)."""
     if ds.finished:
         return "budget" if stopped_by_budget(ds) else "done"
+    last = last_write(ds)
+    if last is None or not started(ds):
+        return "waiting"
     if writer is False:
         return "stopped"
-    last = last_write(ds)
-    if last is None or not (ds.records or ds.errors or ds.bad_lines or ds.torn_tail):
-        return "idle"
     if now - last <= stale_after:
         return "running"
     written_this_run = run_started is None or last >= run_started
