@@ -38,7 +38,10 @@ def test_server_url_is_made_the_servers_root(typed: str, url: str, notes: int) -
 
 def test_usage_errors_are_one_line_naming_the_help() -> None:
     assert one_line_error(workbench("generate", "--datasets", "x.yaml")) == (
-        "workbench: error: the following arguments are required: --server, --out "
+        "workbench: error: the following arguments are required: --out "
+        "(see: workbench generate --help)")
+    assert one_line_error(workbench("generate", "--datasets", "x.yaml", "--out", "o")) == (
+        "workbench: error: one of the arguments --server --launch is required "
         "(see: workbench generate --help)")
     assert "invalid choice: 'reprot'" in one_line_error(workbench("reprot"))
     bad = one_line_error(workbench("generate", "--datasets", "x.yaml", "--server", "s", "--out", "o",

@@ -45,6 +45,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
+    return value
+
+
 def _concurrency(text: str) -> int | str:
     if text.strip().lower() == "auto":
         return "auto"
@@ -61,6 +71,27 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _seconds_or_off(text: str) -> float:
+    """A number of seconds, 0 for off."""
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 0 (off)") from None
+
+
+def _fraction_or_off(text: str) -> float:
+    """A fraction in (0, 1), 0 for off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction below 1, or 0 (off), got {text}")
     return value
 
 
@@ -140,7 +171,12 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = sub.add_parser("generate", help="send a dataset manifest's prompts to a server",
                        description="Generate responses for every dataset of a manifest; resumable.")
     p.add_argument("--datasets", required=True, type=Path, help="dataset manifest YAML")
-    p.add_argument("--server", required=True, help="SGLang server or sglang-router URL")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--server", help="SGLang server or sglang-router URL")
+    where.add_argument("--launch", type=Path, metavar="SERVER.yaml",
+                       help="start the server of this file's `server` section (the tuning "
+                            "parameters' one) and supervise it: restarted when it dies, "
+                            "stalls or degrades; its log is OUT/server.log")
     p.add_argument("--out", required=True, type=Path, help="output directory of the run")
     p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
     p.add_argument("--concurrency", type=_concurrency, default=None, metavar="auto|N",
@@ -172,6 +208,17 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--disk-wait", type=_positive_float, default=1800.0, metavar="SECONDS",
                    help="while a write fails (disk full, I/O error), sending pauses and replies "
                         "are held; stop the run after this long (1800)")
+    p.add_argument("--stall-timeout", type=_seconds_or_off, default=300.0, metavar="SECONDS",
+                   help="say (and note in run.json) when the server generates no token for this "
+                        "long while requests are in flight; 0: off (300)")
+    p.add_argument("--degrade-fraction", type=_fraction_or_off, default=0.25, metavar="F",
+                   help="say (and note in run.json) when the server's token throughput falls "
+                        "below F of its best with its KV cache full and requests retracted; "
+                        "0: off (0.25)")
+    p.add_argument("--max-restarts", type=_non_negative_int, default=3, metavar="N",
+                   help="--launch: restarts of the server before the run stops (3)")
+    p.add_argument("--restart-backoff", type=_positive_float, default=10.0, metavar="SECONDS",
+                   help="--launch: wait before the first restart, doubling after each (10)")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -201,8 +248,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     _check_out_dir(args.out)
     manifest = load_manifest(args.datasets)
-    server = _server_url(args.server)
-    summary = generate_with_progress(manifest, server, args.out, _options_from_args(args))
+    from workbench.generate.launched import LaunchSettings
+    from workbench.generate.watchdog import WatchdogSettings
+    from workbench.server.spec import load_server_params
+
+    launch = None if args.launch is None else LaunchSettings(
+        load_server_params(args.launch), max_restarts=args.max_restarts,
+        backoff=args.restart_backoff)
+    server = _server_url(args.server) if args.server is not None else None
+    watchdog = WatchdogSettings(stall_seconds=args.stall_timeout,
+                                degrade_fraction=args.degrade_fraction)
+    summary = generate_with_progress(manifest, server, args.out, _options_from_args(args),
+                                     watchdog=watchdog, launch=launch)
     return generate_exit_code(summary)
 
 
@@ -216,9 +273,11 @@ def generate_exit_code(summary: RunSummary) -> int:
     return 1 if summary.failed else 0
 
 
-def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) -> RunSummary:
+def generate_with_progress(manifest: Any, server: str | None, out: Path, options: Any,
+                           watchdog: Any = None, launch: Any = None) -> RunSummary:
     """Run a generation with signal handling, a progress view (bars on a terminal, lines
-    otherwise) and a closing summary."""
+    otherwise), the watchdog's settings (None: its defaults), the server to launch (None:
+    `server` is its URL) and a closing summary."""
     from rich.console import Console
 
     from workbench.generate.session import run_with_view
@@ -226,7 +285,8 @@ def generate_with_progress(manifest: Any, server: str, out: Path, options: Any) 
 
     view = RichView(out, Console()) if sys.stdout.isatty() else LineView(out, _say)
     summary = run_with_view(manifest, server, out, options, view,
-                            lambda message: print(message, file=sys.stderr, flush=True))
+                            lambda message: print(message, file=sys.stderr, flush=True), watchdog,
+                            launch)
     for line in summary_lines(summary, out, resume_command()):
         _say(line)
     return summary

@@ -27,7 +27,9 @@ from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 
 __all__ = [
+    "CONTEXT_FIT_MIN_TOKENS",
     "DATASET_NAME_PATTERN",
+    "ContextFit",
     "DatasetOrigin",
     "DatasetSpec",
     "InputMode",
@@ -46,6 +48,10 @@ DATASET_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 InputMode = Literal["input_ids", "text", "messages"]
 Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
+# What a request refused because prompt + max_new_tokens exceed the context becomes: a failed
+# prompt, or sent again once with max_new_tokens cut to fit (workbench.generate.context_fit).
+ContextFit = Literal["fail", "reduce_generation"]
+CONTEXT_FIT_MIN_TOKENS = 256  # the fewest new tokens a cut request may keep, by default
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -115,6 +121,12 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     tokenizer: str | None = None
     trust_remote_code: bool = False
     order: Order | None = None  # None: the manifest's
+    context_fit: ContextFit = "fail"
+    context_fit_min_tokens: Positive | None = None  # None: CONTEXT_FIT_MIN_TOKENS
+
+    def min_generation_tokens(self) -> int:
+        """The fewest max_new_tokens a request cut to fit the context may keep."""
+        return self.context_fit_min_tokens or CONTEXT_FIT_MIN_TOKENS
 
 
 class DatasetSpec(_DatasetEntry, forbid_unknown_fields=True):
@@ -496,6 +508,9 @@ def _resolve_dataset(
         _check_sampling(ds.sampling, f"{key}.sampling", source)
     if ds.chat_template_kwargs and ds.input != "messages":
         raise ConfigError(f"{key}.chat_template_kwargs", "only applies to input 'messages'", source)
+    if ds.context_fit_min_tokens is not None and ds.context_fit != "reduce_generation":
+        raise ConfigError(f"{key}.context_fit_min_tokens",
+                          "only applies with context_fit: reduce_generation", source)
     ds_tokenizer = _resolve_dir(ds.tokenizer, base, f"{key}.tokenizer", source) or top.tokenizer
     if ds.input == "messages" and ds_tokenizer is None:
         raise ConfigError(

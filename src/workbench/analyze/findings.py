@@ -4,8 +4,10 @@ A dataset's findings gather the tallies of its scanned raw file (the per-record 
 the line problems, :mod:`workbench.analyze.scan`), the torn last line, and its sample ids
 against prompts.jsonl's: a record whose id repeats (``duplicate_sample_id``) or is not a
 prepared prompt (``orphan_response``), a prepared prompt with no record
-(``missing_response``, or ``unsent_budget`` when the dataset's token budget stopped it) and
-the problems of prompts.jsonl itself. A rule whose rate (over the records; over the
+(``missing_response``, or ``unsent_budget`` when the dataset's token budget stopped it), a
+record whose ``prompt_tokens`` is not the number of ids its prompt was sent with
+(``prompt_tokens_mismatch``: only when prompts.jsonl holds ids for every prompt) and the
+problems of prompts.jsonl itself. A rule whose rate (over the records; over the
 prompts for the missing ones) passes its :class:`~workbench.analyze.rules.Thresholds` rate
 is an error whatever its default severity. Findings come errors first, then in
 :data:`~workbench.analyze.rules.SEVERITY` order.
@@ -35,6 +37,8 @@ __all__ = [
 ]
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+_NOT_ROWS = frozenset({"malformed", "not_object"})  # prompts.jsonl lines that hold no prompt row
 
 _RULE_ORDER = {rule: index for index, rule in enumerate(SEVERITY)}
 
@@ -79,8 +83,13 @@ class ValidationReport(msgspec.Struct):
 
 @dataclass(slots=True)
 class PromptIds:
+    """Each prompt's first line, the problems of prompts.jsonl, and the ids each prompt was
+    sent with (None unless every prompt of the file was sent as ids: text prompts are
+    tokenized by the server, so their length is not known)."""
+
     lines: dict[SampleId, int]
     tally: Tally
+    sent_ids: dict[SampleId, int] | None = None
 
 
 def read_prompt_ids(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> PromptIds | None:
@@ -93,7 +102,16 @@ def read_prompt_ids(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) 
     tally = Tally(thresholds.max_examples)
     for line, kind, detail in found.problems:
         tally.add(PROMPT_RULES[kind], line, detail)
-    return PromptIds(found.first_line_of(), tally)
+    return PromptIds(found.first_line_of(), tally, _sent_ids(found))
+
+
+def _sent_ids(found: prompt_scan.PromptScan) -> dict[SampleId, int] | None:
+    """Each prompt's number of ids when every row of the file holds an input_ids array (the
+    scan's lengths are then those counts, never text estimates); else None."""
+    rows = found.lines - sum(1 for _, kind, _ in found.problems if kind in _NOT_ROWS)
+    if rows <= 0 or found.tokenized != rows:
+        return None
+    return found.length_of()
 
 
 def _id_findings(
@@ -117,6 +135,17 @@ def _id_findings(
                         if budget_reached else ("missing_response", "prepared prompt without a record"))
         for line in missing:
             prompts.tally.add(rule, line, detail)
+
+
+def _prompt_token_findings(scan: FileScan, sent: dict[SampleId, int], tally: Tally) -> None:
+    """Records whose prompt_tokens are not the number of ids their prompt was sent with."""
+    columns = scan.columns
+    for sample_id, line, tokens in zip(columns.sample_id, columns.line, columns.prompt_tokens,
+                                       strict=True):
+        ids = sent.get(sample_id) if sample_id is not None else None
+        if ids is not None and tokens is not None and ids != tokens:
+            tally.add("prompt_tokens_mismatch", line, f"sample_id {sample_id!r}: prompt_tokens "
+                      f"{tokens}, sent {ids} ids ({tokens - ids:+d})")
 
 
 def _findings(
@@ -163,6 +192,8 @@ def dataset_report(
         absent.add("no_prompts", 0, "file not found: missing and orphan responses not checked")
         tallies.append((PROMPTS_FILE, absent))
     _id_findings(scan, prompts, records, budget_reached)
+    if prompts is not None and prompts.sent_ids is not None:
+        _prompt_token_findings(scan, prompts.sent_ids, records)
     count = len(prompts.lines) if prompts is not None else None
     findings = _findings(tallies, scan.records, count, thresholds)
     ok = not any(f.severity == "error" for f in findings)

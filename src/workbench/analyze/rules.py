@@ -17,10 +17,17 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     max_tokens budget stopped it (run.json budget_reached)
     orphan_response       warning   a record whose sample_id is not a prepared prompt
     no_prompts            warning   prompts.jsonl is absent: the two rules above cannot run
+    prompt_tokens_mismatch error    a record whose prompt_tokens differs from the ids of its
+                                    prompt in prompts.jsonl: the server cut or changed the prompt
+                                    (SGLang --allow-auto-truncate), so the reply answers another
+                                    prompt than the one kept (see below)
     token_count_mismatch  warning   completion_tokens != len(output_ids); some SGLang versions
                                     prepend prompt-suffix ids, so the example gives the difference
     truncated             warning   finish_reason "length"; error above truncated_error_rate.
                                     The example says when the cut fell inside the reasoning.
+    context_reduced       info      a record generated with max_new_tokens cut for its prompt to
+                                    fit the context (context_fit: reduce_generation); one that
+                                    ends with "length" is also `truncated`
     empty_output          warning   no output ids, or only end ids
     aborted               warning   finish_reason "abort"
     reasoning_unclosed    warning   a reply that ended (not "length", not "abort") with no
@@ -32,6 +39,13 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     the template opens the reasoning (Kimi), one otherwise (Qwen3)
     stray_think_end       warning   more than one think-end id
     id_out_of_vocab       error     an output id outside [0, vocab_size)
+
+`prompt_tokens_mismatch` compares only prompts sent as token ids (``input: input_ids``, and
+``messages``, which the workbench tokenizes itself): prompts.jsonl holds their ids. A text
+prompt (``input: text``) is tokenized by the server, so its length is not known here and its
+records are not compared; neither is any record when prompts.jsonl mixes text and ids. It is
+an error whatever the rate: such a record pairs a reply with a prompt the model never saw,
+which is wrong training data, not a matter of degree.
 
 The reasoning rules run when the model profile has a think-end id and the dataset did not
 switch thinking off (its ``chat_template_kwargs`` set the profile's thinking argument to
@@ -82,8 +96,10 @@ SEVERITY: dict[str, Severity] = {
     "unsent_budget": "info",
     "orphan_response": "warning",
     "no_prompts": "warning",
+    "prompt_tokens_mismatch": "error",
     "token_count_mismatch": "warning",
     "truncated": "warning",
+    "context_reduced": "info",
     "empty_output": "warning",
     "aborted": "warning",
     "reasoning_unclosed": "warning",
@@ -104,6 +120,7 @@ RECORD_RULES: tuple[str, ...] = (
     "stray_think_end",
     "empty_answer",
     "stray_think_start",
+    "context_reduced",  # last: the bits of the rules before it stay as cached scans hold them
 )
 
 PROBLEM_RULES = {"malformed": "parse_error", "not_object": "parse_error",
@@ -269,6 +286,14 @@ class RecordChecker:
         return end_first, max(0, body - end_first - 1), True
 
     def _row_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
+        found = self._reply_problems(row, stats, i)
+        reduced = row.max_new_tokens_reduced
+        if reduced is not None:
+            detail = f"sample_id {row.sample_id!r}: max_new_tokens cut to {reduced} to fit the context"
+            found.append(("context_reduced", detail))
+        return found
+
+    def _reply_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         missing = missing_fields(row)
         if missing:

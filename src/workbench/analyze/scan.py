@@ -29,6 +29,7 @@ from typing import BinaryIO, NamedTuple
 from workbench.analyze.findings import ValidationReport, dataset_report, read_prompt_ids
 from workbench.analyze.rules import (
     PROBLEM_RULES,
+    RECORD_RULES,
     RULE_BITS,
     RecordChecker,
     Thresholds,
@@ -255,7 +256,8 @@ def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: boo
     """The file with its cached scan (when `cache` and one fits), else an empty one."""
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
-    key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples)
+    key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples,
+                    RECORD_RULES)  # a scan made under other rules is not reused
     stamp = file_stamp(path)  # before any read: what a saved scan was read from
     found = load_cached(path, key) if cache else None
     if found is None:

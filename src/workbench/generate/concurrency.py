@@ -129,6 +129,8 @@ class ServerReading:
     queued: float
     token_usage: float | None = None
     retracted: float | None = None  # counter: total retracted requests
+    generated: float | None = None  # counter: generation tokens (moves when a request finishes)
+    decoded: float | None = None  # counter: tokens generated so far (moves while requests run)
 
 
 @dataclass(slots=True)
@@ -246,7 +248,8 @@ def _reading(url: str, text: str) -> list[ServerReading] | None:
         return None
     if snap.running is None or snap.queued is None:
         return None
-    return [ServerReading(url, snap.running, snap.queued, snap.token_usage, snap.retracted)]
+    return [ServerReading(url, snap.running, snap.queued, snap.token_usage, snap.retracted,
+                          snap.generation_tokens, snap.decoded_tokens)]
 
 
 @dataclass(slots=True)

@@ -13,9 +13,13 @@ through one `SGLangClient`:
   more fits, the budget is reached. In-flight requests always finish and are kept.
 - Retries: exponential backoff with jitter for retryable errors, up to ``max_attempts``;
   every failed attempt is an ``errors.jsonl`` line (a failed request is data, never a crash
-  of the run). A bad request is not retried.
+  of the run). A bad request is not retried, except a refusal for length under
+  ``context_fit: reduce_generation``: sent again once, at once, with ``max_new_tokens`` cut
+  to fit the context (:mod:`workbench.generate.context_fit`).
 - Outage: a connection failure pauses every request until the server answers ``/health``
-  again (a restart, a crash), so an outage does not spend the prompts' attempts; after
+  again (a restart, a crash), so an outage does not spend the prompts' attempts (the
+  requests it cut are sent again without spending one, up to ``MAX_CONNECTION_LOSSES``
+  times each; each is still an ``errors.jsonl`` line); after
   ``server_wait`` seconds without an answer the run stops as if interrupted.
 - Disk: every line goes through the :class:`~workbench.generate.writer.RunWriter`; a reply
   counts as done once its record is on disk. A failed write stops sending at once and holds
@@ -28,7 +32,11 @@ through one `SGLangClient`:
   concurrency stops steering) and lets in-flight requests finish within a grace period; a
   second call cancels them. Records are appended as whole lines either way.
 - run.json: written when the run opens, whenever the concurrency cap moved (its history,
-  for the monitor) and when the run ends (which budgets stopped their dataset).
+  for the monitor), when the watchdog noticed something (its ``events``) and when the run
+  ends (which budgets stopped their dataset).
+- Watchdog: a server that answers but generates nothing, or crawls
+  (:mod:`workbench.generate.watchdog`, on the readings auto concurrency makes, or its own):
+  each detection is said, added to run.json's ``events`` and passed to ``on_watchdog``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from workbench.config import Manifest
 from workbench.errors import ConnectionLost, RequestFailed, RequestTimeout, StorageError
 from workbench.generate.budget import BudgetProjection
 from workbench.generate.concurrency import ServerReading, Slots, read_servers
+from workbench.generate.context_fit import context_cut
 from workbench.generate.gate import Gate, Notes
 from workbench.generate.plan import (
     GenerateOptions,
@@ -58,8 +67,9 @@ from workbench.generate.plan import (
 )
 from workbench.generate.progress import DatasetProgress, RunSummary
 from workbench.generate.prompts import Prompt
+from workbench.generate.watchdog import Detection, RunCounts, Watchdog, WatchdogSettings
 from workbench.generate.writer import RunWriter
-from workbench.rundir.manifest import with_session, write_manifest
+from workbench.rundir.manifest import with_events, with_session, write_manifest
 from workbench.rundir.records import ErrorRecord, JsonlAppender, Record
 from workbench.server.client import (
     GenerateResult,
@@ -111,6 +121,9 @@ class _Dataset:
         self.errors.close()
 
 
+MAX_CONNECTION_LOSSES = 20  # lost connections a prompt may take without spending attempts
+
+
 class Runner:
     """One generation run. Build it, :meth:`load`, :meth:`check_resume`, :meth:`open`, then
     ``await runner.run()``; :meth:`request_stop` from signal handlers."""
@@ -124,6 +137,8 @@ class Runner:
         *,
         on_progress: Callable[[Runner], None] | None = None,
         on_event: Callable[[str], None] | None = None,
+        watchdog: WatchdogSettings | None = None,
+        on_watchdog: Callable[[Detection], None] | None = None,
     ) -> None:
         self.client = client
         self.out = Path(out)
@@ -153,6 +168,12 @@ class Runner:
         self._manifest_failed = False
         self._sent = False  # a request was sent in this session
         self._session = time.time()
+        self.on_watchdog = on_watchdog  # every detection (e.g. to restart a stalled server)
+        self.events: list[dict[str, Any]] = []  # this session's, for run.json
+        watchdog = watchdog or WatchdogSettings()  # on by default
+        self.watchdog = (Watchdog(watchdog, self._read_servers, self._run_counts,
+                                  client.health, self._watchdog_saw)
+                         if watchdog.enabled else None)
 
     # ----------------------------------------------------------------- preparation
     def load(self) -> None:
@@ -185,8 +206,10 @@ class Runner:
         earlier = self.plan.previous.get("concurrency")
         concurrency = mine if mine is not None or not isinstance(earlier, dict) else earlier
         record = self.plan.manifest_record(self._server, concurrency or self.slots.record())
-        write_manifest(self.out, with_session(record, self.plan.previous, self._session,
-                                              {"concurrency": mine}))
+        watchdog = self.watchdog.settings.record() if self.watchdog is not None else None
+        record = with_session(record, self.plan.previous, self._session,
+                              {"concurrency": mine, "watchdog": watchdog})
+        write_manifest(self.out, with_events(record, self.plan.previous, self.events))
 
     def _update_manifest(self) -> None:
         """run.json brought up to date while running: a failed write is said (once) and
@@ -237,7 +260,32 @@ class Runner:
         return [ds.progress for ds in self.datasets.values()]
 
     async def _read_servers(self) -> list[ServerReading] | None:
-        return await read_servers(self.client, self._worker_client)
+        readings = await read_servers(self.client, self._worker_client)
+        if self.watchdog is not None:
+            self.watchdog.offer(readings)  # one scrape for auto concurrency and the watchdog
+        return readings
+
+    def _run_counts(self) -> RunCounts:
+        """The watchdog's view of the run: requests in flight, replies written, and whether
+        it waits for the server or the disk."""
+        progress = self.progress()
+        paused = (self._gate is not None and not self._gate.is_open) or self.writer.held > 0
+        return RunCounts(sum(p.in_flight for p in progress),
+                         sum(p.done_this_run for p in progress), paused)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """An event (``{"ts", "kind", "message", ...figures}``): said, kept in run.json's
+        events (written now when the run is open, else when it opens)."""
+        self.events.append(event)
+        self.on_event(event["message"])
+        if self._server is not None:
+            self._update_manifest()
+
+    def _watchdog_saw(self, detection: Detection) -> None:
+        """A detection: an event, passed on to `on_watchdog`."""
+        self.add_event(detection.event(time.time()))
+        if self.on_watchdog is not None:
+            self.on_watchdog(detection)
 
     def _worker_client(self, url: str) -> SGLangClient:
         if url not in self._workers:
@@ -253,6 +301,7 @@ class Runner:
         for ds in self.datasets.values():
             ds.progress.started = time.perf_counter()
         reporter = asyncio.create_task(self._report_loop())
+        watching = asyncio.create_task(self.watchdog.run()) if self.watchdog is not None else None
         self._producers = [asyncio.create_task(self._produce(long=False)),
                            asyncio.create_task(self._produce(long=True))]
         try:
@@ -262,6 +311,9 @@ class Runner:
                 await self.writer.wait()  # the last replies held: until space is back, or not
         finally:
             reporter.cancel()
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
             for producer in self._producers:
                 producer.cancel()
             if steering is not None:
@@ -364,11 +416,14 @@ class Runner:
             task.cancel()
         await asyncio.gather(*still, return_exceptions=True)
 
-    def _payload(self, ds: _Dataset, prompt: Prompt, attempt: int) -> dict[str, Any]:
+    def _payload(self, ds: _Dataset, prompt: Prompt, attempt: int,
+                 max_new_tokens: int | None = None) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "sampling_params": ds.planned.sampling.to_sglang(),
             "rid": f"{ds.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}",
         }
+        if max_new_tokens is not None:  # cut to fit the context (context_fit)
+            payload["sampling_params"]["max_new_tokens"] = max_new_tokens
         if prompt.input_ids is not None:
             payload["input_ids"] = prompt.input_ids
         else:
@@ -379,10 +434,16 @@ class Runner:
         """Send one prompt, retrying retryable failures; holds a slot only while a request runs."""
         holding = True
         settled = False  # recorded, or failed for good; else dropped by a stop
+        fitted: int | None = None  # max_new_tokens cut to fit the context (once: context_fit)
+        cut: int | None = None  # the attempt before was refused for length: again, at once
+        spent = lost = 0  # attempts spent; attempts lost with the connection (not spent)
+        attempt, lost_last = 0, False
         try:
-            for attempt in range(1, self.options.max_attempts + 1):
+            while spent < self.options.max_attempts:
+                attempt += 1
                 if attempt > 1:
-                    await self._sleep_unless_stopped(self._backoff(attempt - 1))
+                    if cut is None and not lost_last:  # after a lost connection the gate waited
+                        await self._sleep_unless_stopped(self._backoff(spent))
                     if self.stopping:
                         return
                     await self.slots.acquire(long)
@@ -392,13 +453,21 @@ class Runner:
                 await self.writer.wait()
                 if self.stopping:
                     return
-                error = await self._attempt(ds, prompt, attempt)
+                error = await self._attempt(ds, prompt, attempt, fitted)
                 if error is None:
                     settled = True
                     return
                 self.slots.release(long)
                 holding = False
-                if not error.retryable or attempt == self.options.max_attempts:
+                cut = None if fitted is not None else context_cut(
+                    ds.planned.spec, ds.planned.sampling.max_new_tokens, prompt, error, self._server)
+                fitted = cut or fitted
+                lost_last = isinstance(error, ConnectionLost) and lost < MAX_CONNECTION_LOSSES
+                if lost_last:
+                    lost += 1  # the server went away (a crash, a restart): not the prompt's fault
+                else:
+                    spent += 1
+                if (not error.retryable and cut is None) or spent == self.options.max_attempts:
                     ds.progress.failed_ids += 1
                     ds.progress.failed_samples.append(prompt.sample_id)
                     settled = True
@@ -417,8 +486,9 @@ class Runner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
-    async def _attempt(self, ds: _Dataset, prompt: Prompt, attempt: int) -> RequestFailed | None:
-        payload = self._payload(ds, prompt, attempt)
+    async def _attempt(self, ds: _Dataset, prompt: Prompt, attempt: int,
+                       max_new_tokens: int | None = None) -> RequestFailed | None:
+        payload = self._payload(ds, prompt, attempt, max_new_tokens)
         try:
             result = await self._generate(payload)
             check_reply(result, self.plan.vocab_size, self.client.base_url)
@@ -428,7 +498,7 @@ class Runner:
         except asyncio.CancelledError:
             self._abort_later(payload["rid"])  # cut by a stop: the server stops generating it
             raise
-        self._record(ds, prompt, result)
+        self._record(ds, prompt, result, max_new_tokens)
         return None
 
     async def _generate(self, payload: dict[str, Any]) -> GenerateResult:
@@ -461,8 +531,11 @@ class Runner:
         elif exc.retryable:
             self.slots.failed()
 
-    def _record(self, ds: _Dataset, prompt: Prompt, result: GenerateResult) -> None:
-        """Write the reply's record; it counts as done once it is on disk."""
+    def _record(self, ds: _Dataset, prompt: Prompt, result: GenerateResult,
+                reduced: int | None = None) -> None:
+        """Write the reply's record (`reduced`: the max_new_tokens cut to fit the context);
+        it counts as done once it is on disk. A prompt sent as ids whose reply counts other
+        prompt_tokens was cut or changed by the server: counted in `prompt_mismatches`."""
         record = Record(
             sample_id=prompt.sample_id, output_ids=result.output_ids,
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
@@ -470,7 +543,10 @@ class Runner:
             matched_stop=result.matched_stop, e2e_latency=result.e2e_latency, ts=time.time(),
             num_retractions=(msgspec.UNSET if result.num_retractions is None
                              else result.num_retractions),
+            max_new_tokens_reduced=msgspec.UNSET if reduced is None else reduced,
         )
+        if prompt.input_ids is not None and result.prompt_tokens != len(prompt.input_ids):
+            ds.progress.prompt_mismatches += 1
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
         tokens = result.completion_tokens

@@ -19,6 +19,8 @@ bad input fails before anything is written.
   builds now (:mod:`workbench.generate.resume`), is refused (ResumeMismatch; ``--force``
   resumes anyway, sending those samples again). ``--no-resume`` moves the earlier files
   aside (``*.bak``). A file that cannot be written is a StorageError naming it.
+- Context fit: a dataset's ``context_fit`` (and ``context_fit_min_tokens``) is the
+  dispatcher's to apply (:mod:`workbench.generate.context_fit`); run.json records both.
 - run.json: what :meth:`Plan.manifest` returns, written by the dispatcher through
   :mod:`workbench.rundir.manifest`.
 """
@@ -391,4 +393,7 @@ class Plan:
             "chat_template_kwargs": dict(spec.chat_template_kwargs),
             "budget_reached": ds.progress.budget_reached,
             "order": spec.order or "random",
+            "context_fit": spec.context_fit,
+            "context_fit_min_tokens": (spec.min_generation_tokens()
+                                       if spec.context_fit == "reduce_generation" else None),
         }

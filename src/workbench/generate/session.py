@@ -22,10 +22,12 @@ from typing import Any
 from workbench.config import Manifest
 from workbench.errors import BadRequest, ProtocolError, RequestFailed
 from workbench.generate.dispatch import Runner
+from workbench.generate.launched import LaunchedServer, LaunchSettings, launched_server
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.progress import RunSummary
 from workbench.generate.prompts import Prompt
 from workbench.generate.views import View
+from workbench.generate.watchdog import Detection, WatchdogSettings
 from workbench.rundir.layout import check_dataset_names
 from workbench.rundir.lock import hold_run_lock
 from workbench.rundir.storage import storage_error
@@ -78,15 +80,19 @@ async def run_generation(
     on_start: Callable[[Runner], None] | None = None,
     on_progress: Callable[[Runner], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    watchdog: WatchdogSettings | None = None,
+    on_watchdog: Callable[[Detection], None] | None = None,
 ) -> RunSummary:
     """Load the prompts, probe the server, prepare the output directory and run; the one call
     the CLI and notebooks use.
 
     `on_start` receives the prepared runner (e.g. to install signal handlers calling
-    `runner.request_stop`).
+    `runner.request_stop`). `watchdog`: its thresholds (default: on, with
+    :class:`WatchdogSettings`' defaults); `on_watchdog` gets each of its detections.
     """
     check_dataset_names(manifest)
-    runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event)
+    runner = Runner(manifest, client, out, options, on_progress=on_progress, on_event=on_event,
+                    watchdog=watchdog, on_watchdog=on_watchdog)
     runner.load()
     server_info, model_info = await probe_server(client)
     runner.check_resume(server_info, model_info)
@@ -117,21 +123,36 @@ def _install_stop_signals(runner: Runner, say: Callable[[str], None]) -> None:
         loop.add_signal_handler(sig, on_signal)
 
 
-def run_with_view(manifest: Manifest, server: str, out: Path, options: GenerateOptions,
-                  view: View, say_stopping: Callable[[str], None]) -> RunSummary:
+def run_with_view(manifest: Manifest, server: str | None, out: Path, options: GenerateOptions,
+                  view: View, say_stopping: Callable[[str], None],
+                  watchdog: WatchdogSettings | None = None,
+                  launch: LaunchSettings | None = None) -> RunSummary:
     """A whole session under ``asyncio.run``: its own client (the API key from the
-    environment), signal handling (`say_stopping` gets the note of a first signal) and the
-    view's updates; the view is stopped however the run ends."""
+    environment), signal handling (`say_stopping` gets the note of a first signal), the
+    watchdog (its detections are view events) and the view's updates; the view is stopped
+    however the run ends. With `launch`, the run starts its own server (`server` unused),
+    restarted when it dies or the watchdog says it stalled or degraded."""
     timeout = request_timeout(options.request_timeout)
 
-    def on_start(runner: Runner) -> None:
-        _install_stop_signals(runner, say_stopping)
-        view.start(runner)
-
     async def go() -> RunSummary:
-        async with SGLangClient(server, api_key=api_key_from_env(), timeout=timeout) as client:
-            return await run_generation(manifest, client, out, options, on_start=on_start,
-                                        on_progress=view.update, on_event=view.event)
+        if launch is None:
+            assert server is not None, "a server URL or a server to launch"
+            return await session(server, None)
+        async with launched_server(launch, out, say_stopping) as launched:
+            return await session(launched.url, launched)
+
+    async def session(url: str, launched: LaunchedServer | None) -> RunSummary:
+        def on_start(runner: Runner) -> None:
+            _install_stop_signals(runner, say_stopping)
+            if launched is not None:
+                launched.attach(runner)
+            view.start(runner)
+
+        async with SGLangClient(url, api_key=api_key_from_env(), timeout=timeout) as client:
+            return await run_generation(
+                manifest, client, out, options, on_start=on_start, on_progress=view.update,
+                on_event=view.event, watchdog=watchdog,
+                on_watchdog=launched.on_watchdog if launched is not None else None)
 
     try:
         return asyncio.run(go())

@@ -13,6 +13,11 @@ server URL, the model and what the session adds (the dispatcher: its concurrency
 a session that sent nothing). A resumed run adds an entry, never replaces one; the other
 keys describe the latest session that sent something.
 
+``events`` lists what the run noticed about its server (the dispatcher's watchdog), oldest
+first, across sessions (at most :data:`EVENTS_LIMIT`, the latest kept): each an object
+``{"ts": unix time, "kind": "stalled" | "degraded" | "recovered" | ..., "message": one line,
+...figures}``. A resumed run appends to the earlier sessions' list.
+
 Readers: :func:`read_manifest` (DataError naming the file and line when it is present but
 not a JSON object), and :class:`ManifestWatcher` for a reader polling a run in progress.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +36,19 @@ from workbench.rundir.layout import MANIFEST_FILE
 from workbench.rundir.storage import storage_error
 
 __all__ = [
+    "EVENTS_LIMIT",
     "HISTORY_LIMIT",
     "ManifestWatcher",
     "dataset_entries",
     "manifest_path",
     "read_manifest",
+    "with_events",
     "with_session",
     "write_manifest",
 ]
 
 HISTORY_LIMIT = 1000
+EVENTS_LIMIT = 1000
 _SESSION_KEYS = ("workbench_version", "server_url", "model")
 
 
@@ -90,6 +98,15 @@ def with_session(manifest: Mapping[str, Any], previous: Mapping[str, Any],
     entry = {"started": started, "updated": manifest.get("updated", started),
              **{key: manifest.get(key) for key in _SESSION_KEYS}, **(session or {})}
     return {**manifest, "history": [*kept, entry][-HISTORY_LIMIT:]}
+
+
+def with_events(manifest: Mapping[str, Any], previous: Mapping[str, Any],
+                events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """manifest with ``events``: previous's (the earlier sessions'), then `events` (this
+    session's), the latest :data:`EVENTS_LIMIT` of them."""
+    earlier = previous.get("events")
+    kept = [e for e in earlier if isinstance(e, dict)] if isinstance(earlier, list) else []
+    return {**manifest, "events": [*kept, *map(dict, events)][-EVENTS_LIMIT:]}
 
 
 def write_manifest(out: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:

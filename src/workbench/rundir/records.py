@@ -143,6 +143,9 @@ class Record(msgspec.Struct):
     # Requests retracted and recomputed under KV pressure (meta_info.num_retractions), kept
     # only when the server sends it.
     num_retractions: int | msgspec.UnsetType = msgspec.UNSET
+    # The max_new_tokens the reply was generated with, kept only when it was cut below the
+    # sampling's for the prompt to fit the model's context (a dataset's context_fit).
+    max_new_tokens_reduced: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorRecord(msgspec.Struct):
@@ -318,6 +321,7 @@ class Row(msgspec.Struct):
     ts: float | None
     output_ids: list[int] | None = None  # read only when the reader asked for them
     has_output_ids: bool = False  # the line holds an output_ids array (read or not)
+    max_new_tokens_reduced: int | None = None  # a flat record's, when its line has one
 
 
 _REQUIRED = ("sample_id", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason")
@@ -449,6 +453,7 @@ class _Line(_Completion, gc=False):
     matched_stop: int | str | None = None
     e2e_latency: float | None = None
     ts: float | None = None
+    max_new_tokens_reduced: Count | None = None
     response: _Response | None = None
     meta_info: _MetaInfo | None = None
     # Decoded in full on the line-by-line path; on the block path an emptied array ([]),
@@ -518,6 +523,7 @@ def _flat_row(rec: _Line, line: int) -> Row:
         matched_stop=matched,
         e2e_latency=rec.e2e_latency,
         ts=rec.ts,
+        max_new_tokens_reduced=rec.max_new_tokens_reduced,
     )
 
 

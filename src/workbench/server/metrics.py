@@ -5,7 +5,8 @@ Prometheus text (``/metrics``, only with ``--enable-metrics``) is parsed with
 rank, one per model behind a router); they are combined as:
 
     sum     running and queued requests, used tokens, generation throughput, and the
-            counters (prompt, generation and cached tokens, finished and retracted requests)
+            counters (prompt, generation and cached tokens, finished and retracted requests,
+            the inter-token latency histogram's count)
     max     token usage (a share of one rank's KV pool: the fullest rank is the one that
             makes requests queue)
 
@@ -56,6 +57,10 @@ class MetricsSnapshot:
     cached_tokens: float | None = None
     requests: float | None = None
     retracted: float | None = None
+    # the inter-token latency histogram's count: every generated token after a request's first,
+    # counted while requests run (every step when streamed, every 50 tokens otherwise), where
+    # `generation_tokens` moves only when a request finishes
+    decoded_tokens: float | None = None
     at: float | None = None
 
 
@@ -73,6 +78,7 @@ _METRICS: dict[str, tuple[str, _Combine]] = {
     "cached_tokens": ("cached_tokens", sum),
     "num_requests": ("requests", sum),
     "num_retracted_requests": ("retracted", sum),
+    "inter_token_latency_seconds_count": ("decoded_tokens", sum),
 }
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from workbench.errors import LaunchError
 from workbench.server.launch import ServerProcess, command_line, find_free_port, url_host
+from workbench.server.spec import redact, redact_argv
 
 __all__ = ["MAX_BACKOFF", "EventSink", "SupervisedServer"]
 
@@ -78,7 +79,8 @@ class SupervisedServer:
 
     @property
     def command(self) -> str:
-        return command_line(self.argv, self.env)
+        """The command as one line, secrets as `***`."""
+        return command_line(redact_argv(self.argv), redact(self.env))
 
     # --- starting and stopping ------------------------------------------------------------------
 

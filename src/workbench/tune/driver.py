@@ -29,14 +29,11 @@ from workbench.server.launch import (
     find_free_port,
     url_host,
 )
+from workbench.server.spec import ConfigPlan, config_command, redact, redact_argv
 from workbench.tune.load import LoadOutcome, LoadPrompt, PointLoad, build_prompts
 from workbench.tune.measurement import PointResult, failed_point, summarize_point, violations
 from workbench.tune.parameters import (
-    ConfigPlan,
     TuningParams,
-    _redact,
-    _redact_argv,
-    config_command,
     expand_grid,
     format_commands,
     load_tuning_params,
@@ -167,7 +164,7 @@ def _prepare(params: TuningParams, root: Path, resume: bool, say: Say) -> _Sweep
         _check_resumable(root, params, configs, points)
     run = _Sweep(params, root, build_prompts(params.load.prompts), say, SweepSummary(root, []),
                  configs, points)
-    commands = [config_command(params, c, params.server.port) for c in configs]
+    commands = [config_command(params.server, c, params.server.port) for c in configs]
     _write_json(root / SWEEP_FILE, _sweep_record(params, commands, points))
     return run
 
@@ -201,20 +198,20 @@ async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan])
     """Launch the configuration's server, run its pending points, stop the server."""
     params = run.params
     port = params.server.port or find_free_port(params.server.host)
-    command = config_command(params, config, port)
+    command = config_command(params.server, config, port)
     folder = run.out / config.name
     server = ServerProcess(command.argv, url=f"http://{url_host(params.server.host)}:{port}",
                            log_path=folder / SERVER_LOG, env=command.env,
                            health_path=params.server.health_paths)
-    run.say(f"{config.name}: starting {command_line(_redact_argv(command.argv))}")
+    run.say(f"{config.name}: starting {command_line(redact_argv(command.argv))}")
     try:
         server.start()
     except LaunchError as exc:
         _fail_points(run, config, pending, str(exc))
         return
     _write_json(folder / "config.json", {
-        "name": config.name, "args": _redact(config.args), "env": sorted(config.env),
-        "command": command_line(_redact_argv(command.argv)), "ignored": command.ignored,
+        "name": config.name, "args": redact(config.args), "env": sorted(config.env),
+        "command": command_line(redact_argv(command.argv)), "ignored": command.ignored,
         "url": server.url, "pid": server.pid, "started": time.time()})
     try:
         await _serve_points(run, config, pending, server)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,14 +17,22 @@ import yaml
 
 from workbench.config import DATASET_NAME_PATTERN, load_yaml_params, with_line
 from workbench.errors import ConfigError
-from workbench.server.launch import (
-    HEALTH_PATHS,
-    command_line,
-    find_free_port,
-    server_command,
-    split_sim_args,
+from workbench.server.launch import command_line, find_free_port
+from workbench.server.spec import (
+    ArgValue,
+    Command,
+    ConfigPlan,
+    Seconds,
+    ServerParams,
+    SimParams,
+    check_server,
+    config_command,
+    load_server_params,
+    normalise_args,
+    redact,
+    redact_argv,
+    resolve_server,
 )
-from workbench.sim.profiles import get_sim_profile, is_profile_path
 
 __all__ = [
     "Command",
@@ -51,12 +57,9 @@ __all__ = [
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
-ArgValue = str | int | float | bool | None | list[str | int | float]
 
 DEFAULT_MODEL_PROFILE = "kimi-k2.5"
-_SECRET_WORDS = ("api_key", "password", "secret", "hf_token", "access_token")
 _SHORT_NAMES = {
     "mem_fraction_static": "mfs",
     "kv_cache_dtype": "kv",
@@ -69,30 +72,6 @@ _SHORT_NAMES = {
     "tp_size": "tp",
     "dp_size": "dp",
 }
-
-
-class SimParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Simulator settings, used when the launcher is `sim`."""
-
-    profile: str = "fast"
-    speed: Seconds = 1.0
-    args: dict[str, ArgValue] = {}
-
-
-class ServerParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """How every configuration's server is started and stopped."""
-
-    launcher: Literal["sglang", "sim"] = "sim"
-    model_path: str | None = None
-    host: str = "127.0.0.1"
-    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
-    args: dict[str, ArgValue] = {}
-    env: dict[str, str] = {}
-    startup_timeout: Seconds = 600.0
-    stop_grace: Seconds = 30.0
-    health_paths: list[str] = msgspec.field(default_factory=lambda: list(HEALTH_PATHS))
-    python: str | None = None
-    sim: SimParams = msgspec.field(default_factory=SimParams)
 
 
 class NamedConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -197,25 +176,6 @@ def load_tuning_params(
     return _resolve_paths(params, Path(path).resolve().parent)
 
 
-class _ServerFile(msgspec.Struct, kw_only=True):
-    """A file with a `server` section: a tuning parameter file, or one with only that
-    section (other keys are the tuning run's and are not read)."""
-
-    server: ServerParams
-
-
-def load_server_params(path: str | os.PathLike[str]) -> ServerParams:
-    """The `server` section of a parameter file (`generate --launch`), checked as tuning
-    checks it, its paths (python, model folder, simulator profile) absolute."""
-    source = str(path)
-    server = load_yaml_params(Path(path), _ServerFile, source=source).server
-    try:
-        _check_server(server, source)
-    except ConfigError as exc:
-        raise with_line(exc, Path(path)) from None
-    return _resolve_server(server, Path(path).resolve().parent)
-
-
 def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(overrides, Mapping):
         return dict(overrides)
@@ -283,37 +243,13 @@ def _set_path(data: Any, parts: list[str], value: Any, key: str) -> None:
 
 
 def _check_params(params: TuningParams, source: str) -> None:
-    _check_server(params.server, source)
+    check_server(params.server, source)
     _check_load(params.load, source)
     names = [config.name for config in expand_grid(params, source=source)]
     baseline = params.grid.baseline
     if baseline is not None and baseline not in names:
         raise ConfigError("grid.baseline", f"no configuration {baseline!r} (known: "
                           f"{', '.join(names)})", source)
-
-
-def _check_server(server: ServerParams, source: str) -> None:
-    if server.launcher == "sglang" and not server.model_path:
-        raise ConfigError("server.model_path", "required with launcher sglang", source)
-    if server.launcher == "sim" and is_profile_path(server.sim.profile):
-        profile = _resolve_profile(server.sim.profile, Path(source).resolve().parent)
-        try:
-            get_sim_profile(profile)
-        except ConfigError as exc:  # the profile file's own error names it and its key
-            raise ConfigError("server.sim.profile", str(exc), source) from None
-    elif server.launcher == "sim":
-        try:
-            get_sim_profile(server.sim.profile)
-        except ConfigError as exc:
-            raise ConfigError("server.sim.profile", str(exc).split(": ", 1)[-1], source) from None
-    _check_args(server.args, "server.args", source)
-    _check_args(server.sim.args, "server.sim.args", source)
-
-
-def _check_args(args: Mapping[str, Any], key: str, source: str) -> None:
-    for name in args:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
-            raise ConfigError(f"{key}.{name}", "not a server argument name", source)
 
 
 def _check_load(load: LoadParams, source: str) -> None:
@@ -345,53 +281,7 @@ def _resolve_paths(params: TuningParams, base: Path) -> TuningParams:
         manifest=resolve(params.projection.manifest))
     load = msgspec.structs.replace(params.load, prompts=prompts)
     return msgspec.structs.replace(params, load=load, projection=projection,
-                                   server=_resolve_server(params.server, base))
-
-
-def _resolve_server(server: ServerParams, base: Path) -> ServerParams:
-    sim = msgspec.structs.replace(server.sim, profile=_resolve_profile(server.sim.profile, base))
-    return msgspec.structs.replace(server, python=_resolve_command(server.python, base),
-                                   model_path=_resolve_model_path(server, base), sim=sim)
-
-
-def _resolve_profile(profile: str, base: Path) -> str:
-    """A simulator profile file (`fitted.yaml`) relative to the file; a profile name stays."""
-    if not is_profile_path(profile):
-        return profile
-    return str((base / Path(profile).expanduser()).resolve())
-
-
-def _resolve_command(python: str | None, base: Path) -> str | None:
-    """A path (`../.venv-sglang/bin/python`) relative to the file; a bare name stays on PATH."""
-    if python is None or "/" not in python:
-        return python
-    # normpath, not resolve: a venv's python is a symlink, and resolving it leaves the venv
-    return os.path.normpath(base / Path(python).expanduser())
-
-
-def _resolve_model_path(server: ServerParams, base: Path) -> str | None:
-    """SGLang's model path relative to the file when it is a folder there (`../model`);
-    a hub id (`org/name`) and the simulator's model names stay as they are."""
-    value = server.model_path
-    if value is None or server.launcher != "sglang":
-        return value
-    path = base / Path(value).expanduser()
-    if value.startswith((".", "/", "~")) or path.is_dir():
-        return str(path.resolve())
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigPlan:
-    """One configuration as it will run: its merged arguments and environment."""
-
-    name: str
-    args: dict[str, Any]
-    env: dict[str, str]
-
-
-def _normalise(args: Mapping[str, Any]) -> dict[str, Any]:
-    return {name.replace("-", "_"): value for name, value in args.items()}
+                                   server=resolve_server(params.server, base))
 
 
 def _level(key: str, value: Any, where: str, source: str | None) -> tuple[str, dict[str, Any]]:
@@ -399,7 +289,7 @@ def _level(key: str, value: Any, where: str, source: str | None) -> tuple[str, d
     if isinstance(value, Mapping):
         if set(value) - {"name", "args"} or not isinstance(value.get("name"), str):
             raise ConfigError(where, "expected a value or a mapping {name, args}", source)
-        return value["name"], _normalise(value.get("args") or {})
+        return value["name"], normalise_args(value.get("args") or {})
     if isinstance(value, list):
         raise ConfigError(where, "expected a value or a mapping {name, args}", source)
     short = _SHORT_NAMES.get(key, key)
@@ -413,9 +303,9 @@ def expand_grid(params: TuningParams, *, source: str | None = None) -> list[Conf
 
     Without either, one configuration `default` with the base arguments.
     """
-    base_args = _normalise(params.server.args)
+    base_args = normalise_args(params.server.args)
     base_env = dict(params.server.env)
-    plans = [ConfigPlan(c.name, {**base_args, **_normalise(c.args)}, {**base_env, **c.env})
+    plans = [ConfigPlan(c.name, {**base_args, **normalise_args(c.args)}, {**base_env, **c.env})
              for c in params.grid.configs]
     matrix = params.grid.matrix
     dimensions = []
@@ -446,35 +336,10 @@ def _check_names(names: list[str], source: str | None) -> None:
         seen.add(name)
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
-    """A configuration's server command."""
-
-    config: str
-    argv: list[str]
-    env: dict[str, str]
-    ignored: list[str]
-    port: int
-
-
-def config_command(params: TuningParams | ServerParams, config: ConfigPlan, port: int) -> Command:
-    """The argv (and environment) that starts `config`'s server on `port`."""
-    server = params.server if isinstance(params, TuningParams) else params
-    args = {"enable_metrics": True, **config.args}
-    ignored: list[str] = []
-    if server.launcher == "sim":
-        sim = server.sim
-        args = {"profile": sim.profile, "speed": sim.speed, **_normalise(sim.args), **args}
-        args, ignored = split_sim_args(args)
-    argv = server_command(server.launcher, port=port, host=server.host,
-                          model_path=server.model_path, args=args,
-                          python=server.python or sys.executable)
-    return Command(config.name, argv, dict(config.env), ignored, port)
-
-
 def plan_commands(params: TuningParams) -> list[Command]:
     """Every configuration's command (port 0 in the parameters: a port free right now)."""
-    return [config_command(params, config, params.server.port or find_free_port(params.server.host))
+    return [config_command(params.server, config,
+                           params.server.port or find_free_port(params.server.host))
             for config in expand_grid(params)]
 
 
@@ -486,23 +351,6 @@ def format_commands(commands: Sequence[Command]) -> str:
         if command.ignored:
             flags = " ".join("--" + name.replace("_", "-") for name in command.ignored)
             lines.append(f"# ignored by the simulator: {flags}")
-        lines.append(command_line(_redact_argv(command.argv), _redact(command.env)))
+        lines.append(command_line(redact_argv(command.argv), redact(command.env)))
     return "\n".join(lines)
 
-
-def _redact(value: Any) -> Any:
-    """A copy with the values of secret-looking keys (api_key, ...) replaced by '***'."""
-    if isinstance(value, Mapping):
-        return {k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) else _redact(v))
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redact(v) for v in value]
-    return value
-
-
-def _redact_argv(argv: Sequence[str]) -> list[str]:
-    out = list(argv)
-    for i, part in enumerate(out[:-1]):
-        if part.startswith("--") and any(w in part.lower().replace("-", "_") for w in _SECRET_WORDS):
-            out[i + 1] = "***"
-    return out

@@ -20,14 +20,13 @@ from workbench import __version__
 from workbench.errors import InputError
 from workbench.rundir.files import write_atomic
 from workbench.server.launch import command_line
+from workbench.server.spec import redact, redact_argv
 from workbench.tune.measurement import RESULT_COLUMNS, PointResult
 from workbench.tune.parameters import (
     Command,
     ConfigPlan,
     LoadParams,
     TuningParams,
-    _redact,
-    _redact_argv,
 )
 
 __all__ = [
@@ -124,8 +123,8 @@ def _sweep_record(params: TuningParams, commands: Sequence[Command],
     return {
         "workbench_version": __version__,
         "created": time.time(),
-        "params": _redact(msgspec.to_builtins(params)),
-        "configs": [{"name": c.config, "command": command_line(_redact_argv(c.argv)),
+        "params": redact(msgspec.to_builtins(params)),
+        "configs": [{"name": c.config, "command": command_line(redact_argv(c.argv)),
                      "env": sorted(c.env), "ignored": c.ignored} for c in commands],
         "points": [str(p.folder.relative_to(p.folder.parent.parent))
                    for plans in points.values() for p in plans],
