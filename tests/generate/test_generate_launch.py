@@ -32,7 +32,7 @@ def run_launched(tmp_path: Path, server: Path, *extra: str) -> tuple[Any, Path]:
     out = tmp_path / "out"
     done = workbench("generate", "--datasets", str(manifest), "--launch", str(server),
                      "--out", str(out), "--concurrency", "8", "--progress-interval", "1",
-                     "--restart-backoff", "0.2", "--max-restarts", "8", *extra, timeout=600)
+                     "--restart-backoff", "0.2", "--max-restarts", "8", *extra, timeout=150)
     return done, out
 
 
@@ -63,7 +63,7 @@ def test_a_server_that_dies_is_restarted_and_the_run_completes(tmp_path: Path) -
 
 
 def test_a_stalled_server_is_restarted_and_the_run_completes(tmp_path: Path) -> None:
-    done, out = run_launched(tmp_path, server_file(tmp_path, fault_stall_after=4.0),
+    done, out = run_launched(tmp_path, server_file(tmp_path, fault_stall_after=8.0),
                              "--stall-timeout", "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_each_sample_once(out)
