@@ -89,3 +89,15 @@ def test_launch_and_server_are_exclusive(tmp_path: Path) -> None:
     done = workbench("generate", "--datasets", "x.yaml", "--server", "http://h:1",
                      "--launch", "s.yaml", "--out", str(tmp_path / "o"))
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_a_server_that_stalls_again_after_each_restart_is_given_up(tmp_path: Path) -> None:
+    # stalls 1 s after each start, before the resent requests progress: each restart is judged
+    # afresh (a stalled-again server is told again), and after --max-restarts the run stops
+    done, out = run_launched(tmp_path, server_file(tmp_path, fault_stall_after=1.0),
+                             "--stall-timeout", "1", "--max-restarts", "2")
+    assert done.returncode == 130, done.stdout[-3000:] + done.stderr[-3000:]
+    kinds = [e["kind"] for e in events(out)]
+    assert kinds.count("server_restarted") == 2 and kinds[-1] == "server_gave_up"
+    assert kinds.count("stalled") == 3
+    assert "to resume, run: workbench generate" in done.stdout

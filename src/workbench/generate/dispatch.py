@@ -273,6 +273,12 @@ class Runner:
         return RunCounts(sum(p.in_flight for p in progress),
                          sum(p.done_this_run for p in progress), paused)
 
+    def server_back(self) -> None:
+        """The server answers again (a supervised restart is healthy): requests waiting at
+        the outage gate go now, not at the gate's next probe."""
+        if self._gate is not None and not self._gate.is_open:
+            self._gate.release()
+
     def add_event(self, event: dict[str, Any]) -> None:
         """An event (``{"ts", "kind", "message", ...figures}``): said, kept in run.json's
         events (written now when the run is open, else when it opens)."""

@@ -83,6 +83,10 @@ class LaunchedServer:
                  **figures}
         if self.runner is not None:
             self.runner.add_event(event)
+            if kind == "restarted":
+                self.runner.server_back()
+                if self.runner.watchdog is not None:
+                    self.runner.watchdog.reset()  # a new process: judged from its own start
         else:
             self._early.append(event)
             self.say(message)

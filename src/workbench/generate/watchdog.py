@@ -358,6 +358,11 @@ class Watchdog:
         self.sleep = sleep
         self._offered: tuple[float, list[ServerReading] | None] | None = None
 
+    def reset(self) -> None:
+        """Watch afresh (a new server process: its counters, its best rate and its state
+        start over; a server that stalls again before it ever progressed is told again)."""
+        self.detector = Detector(self.settings)
+
     def offer(self, servers: list[ServerReading] | None) -> None:
         """A reading of the servers made by someone else (auto concurrency), reused when
         it is recent."""
