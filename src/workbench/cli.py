@@ -210,7 +210,8 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "are held; stop the run after this long (1800)")
     p.add_argument("--stall-timeout", type=_seconds_or_off, default=300.0, metavar="SECONDS",
                    help="say (and note in run.json) when the server generates no token for this "
-                        "long while requests are in flight; 0: off (300)")
+                        "long while requests are in flight (tokens are seen every 50 of a "
+                        "request, after its prefill: keep it well above that); 0: off (300)")
     p.add_argument("--degrade-fraction", type=_fraction_or_off, default=0.25, metavar="F",
                    help="say (and note in run.json) when the server's token throughput falls "
                         "below F of its best with its KV cache full and requests retracted; "

@@ -63,8 +63,10 @@ def test_a_server_that_dies_is_restarted_and_the_run_completes(tmp_path: Path) -
 
 
 def test_a_stalled_server_is_restarted_and_the_run_completes(tmp_path: Path) -> None:
+    # a non-streamed request shows progress every 50 tokens (about 1 s here, more after a long
+    # prefill): a 1 s timeout would call a working server stalled, so it is 4 s
     done, out = run_launched(tmp_path, server_file(tmp_path, fault_stall_after=8.0),
-                             "--stall-timeout", "1")
+                             "--stall-timeout", "4")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_each_sample_once(out)
     seen = events(out)
