@@ -216,6 +216,10 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="say (and note in run.json) when the server's token throughput falls "
                         "below F of its best with its KV cache full and requests retracted; "
                         "0: off (0.25)")
+    p.add_argument("--gpus", type=_positive_int, metavar="N",
+                   help="the GPUs serving the run, for the GPU-hours of the closing summary "
+                        "(default: the server's tp x pp x dp from /server_info, times the "
+                        "workers behind a router)")
     p.add_argument("--max-restarts", type=_non_negative_int, default=3, metavar="N",
                    help="--launch: restarts of the server before the run stops (3)")
     p.add_argument("--restart-backoff", type=_positive_float, default=10.0, metavar="SECONDS",
@@ -240,7 +244,7 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
         progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
-        disk_wait=args.disk_wait,
+        disk_wait=args.disk_wait, gpus=args.gpus,
     )
 
 

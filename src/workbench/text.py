@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_bytes", "format_count", "format_duration", "format_rate", "format_table"]
+__all__ = [
+    "format_bytes",
+    "format_count",
+    "format_duration",
+    "format_gpu_hours",
+    "format_gpus",
+    "format_rate",
+    "format_table",
+]
 
 
 def format_count(value: float | None) -> str:
@@ -39,6 +47,18 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.1f}h"
     return f"{seconds / 86400:.1f}d"
+
+
+def format_gpu_hours(gpu_hours: float) -> str:
+    """GPU-hours as the hours are shown: `0.25`, `14.6`, `1,460`."""
+    if gpu_hours >= 100:
+        return f"{gpu_hours:,.0f}"
+    return f"{gpu_hours:.1f}" if gpu_hours >= 1 else f"{gpu_hours:.2f}"
+
+
+def format_gpus(gpus: int | None) -> str:
+    """`1 GPU`, `8 GPUs`."""
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}"
 
 
 def format_rate(value: float | None) -> str:

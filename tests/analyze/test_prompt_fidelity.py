@@ -160,19 +160,34 @@ def test_runner_counts_replies_whose_prompt_was_cut(tmp_path: Path) -> None:
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"sample_id": i, "input_ids": [7] * n}) + "\n"
-                            for i, n in enumerate([5, 8, 9, 20, 3])))
+                            for i, n in enumerate([5, 8, 9, 20, 3, 30])))
     manifest = tmp_path / "datasets.yaml"
     manifest.write_text(f"model_profile: kimi-k2.5\ndatasets:\n  - name: ds\n    path: {data}\n"
                         "    input: input_ids\n")
 
+    said: list[str] = []
+
     async def go() -> Any:
-        options = GenerateOptions(seed=1, progress_interval=60)
+        options = GenerateOptions(seed=1, progress_interval=60, concurrency=1)
         async with SGLangClient("http://mock", transport=httpx.MockTransport(handler)) as client:
-            return await run_generation(load_manifest(manifest), client, tmp_path / "out", options)
+            return await run_generation(load_manifest(manifest), client, tmp_path / "out", options,
+                                        on_event=said.append)
 
     summary = asyncio.run(go())
-    assert summary.datasets["ds"].done == 5 and summary.datasets["ds"].prompt_mismatches == 2
+    assert summary.datasets["ds"].done == 6 and summary.datasets["ds"].prompt_mismatches == 3
     mismatch = findings(tmp_path / "out")["prompt_tokens_mismatch"]
-    assert mismatch.count == 2
+    assert mismatch.count == 3
     assert sorted(e.detail for e in mismatch.examples) == [
-        "sample_id 2: prompt_tokens 8, sent 9 ids (-1)", "sample_id 3: prompt_tokens 8, sent 20 ids (-12)"]
+        "sample_id 2: prompt_tokens 8, sent 9 ids (-1)", "sample_id 3: prompt_tokens 8, sent 20 ids (-12)",
+        "sample_id 5: prompt_tokens 8, sent 30 ids (-22)"]
+    # told as events at the 1st and 2nd (then 4th, 8th, ...): said, and kept in run.json
+    events = json.loads((tmp_path / "out/run.json").read_text())["events"]
+    assert [(e["kind"], e["dataset"], e["count"]) for e in events] == [
+        ("prompt_mismatch", "ds", 1), ("prompt_mismatch", "ds", 2)]
+    first = events[0]["sample_id"]
+    sent = {2: 9, 3: 20, 5: 30}[first]
+    assert events[0]["message"] == (
+        f"ds: prompt_tokens differ from the ids sent in 1 of this run's replies (sample_id "
+        f"{first}: {sent} sent, 8 counted): the server cut or changed the prompts (started with "
+        "--allow-auto-truncate?); validate lists them (prompt_tokens_mismatch)")
+    assert [e["message"] for e in events] == [m for m in said if m.startswith("ds: ")]

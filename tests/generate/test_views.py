@@ -21,7 +21,7 @@ from rich.console import Console
 
 from workbench.cli import generate_exit_code, resume_command
 from workbench.generate.progress import DatasetProgress, RunSummary
-from workbench.generate.views import RichView, resume_line, summary_lines
+from workbench.generate.views import RichView, cost_line, resume_line, summary_lines
 from workbench.server.launch import ServerProcess
 
 
@@ -86,6 +86,28 @@ def test_exit_codes_and_summary_lines(monkeypatch: pytest.MonkeyPatch) -> None:
         "to resume, run: workbench generate --out 'o dir'")
 
 
+def test_the_cost_line_gives_gpu_hours_spent_and_left() -> None:
+    now = time.time()
+    running = progress("a", 1000, 200, completion_tokens=20_000)  # 800 left x 100 tokens
+    running.times.extend([now - 100, now], [0, 20_000])  # 200 tok/s
+    done = progress("b", 300, 300, completion_tokens=900)
+    done.finished = time.perf_counter()
+    budget = progress("c", 5000, 10, completion_tokens=5000, max_tokens=6000)  # 1,000 left
+    budget.times.extend([now - 100, now], [0, 5000])  # 50 tok/s
+    run = RunSummary({p.name: p for p in (running, done, budget)}, True, 7200.0, 0, gpus=8)
+    assert run.time_left(now) == (pytest.approx(81_000), pytest.approx(324))
+    assert cost_line(run, now) == ("cost: 2.0h x 8 GPUs = 16.0 GPU-hours this session; left: "
+                                   "5.4m for 81,000 tokens at 250 tok/s = 0.72 GPU-hours")
+    run.gpus = None
+    assert cost_line(run, now) == (
+        "cost: 2.0h this session; left: 5.4m for 81,000 tokens at 250 tok/s (GPU count unknown: "
+        "/server_info has no tp_size; give --gpus N)")
+    finished = RunSummary({"b": done}, False, 30.0, 0, gpus=1)
+    assert cost_line(finished) == "cost: 30s x 1 GPU = 0.01 GPU-hours this session; nothing left"
+    waiting = RunSummary({"a": progress("a", 10, 0)}, True, 5.0, 0, gpus=2)
+    assert cost_line(waiting).endswith("; time left unknown (no output rate yet)")
+
+
 @pytest.mark.integration
 def test_failed_prompts_exit_1_and_are_named(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
     server = start_sim(fault_error_rate=0.5, fault_seed=1)
@@ -94,6 +116,8 @@ def test_failed_prompts_exit_1_and_are_named(tmp_path: Path, start_sim: Callable
     done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
                      "--out", str(tmp_path / "out"), "--max-attempts", "1")
     assert done.returncode == 1, done.stderr
+    assert re.search(r"^cost: \d+s x 1 GPU = 0\.\d\d GPU-hours this session; nothing left$",
+                     done.stdout, re.M), done.stdout  # the simulator's /server_info: tp_size 1
     match = re.search(r"failed after all attempts: ids: (\d+) prompts \(sample_id ([^;]+); see (.*)\)", done.stdout)
     assert match, done.stdout
     failing = {json.loads(line)["sample_id"] for line in Path(match.group(3)).read_text().splitlines()}

@@ -295,6 +295,23 @@ def test_an_unresolved_stall_is_an_alert_until_it_recovers(tmp_path: Path) -> No
     assert state_at(tmp_path).alerts == ()
 
 
+def test_prompts_cut_by_the_server_are_an_alert_per_dataset_in_any_session(
+        tmp_path: Path) -> None:
+    cut = [{"ts": NOW - 3000 + i, "kind": "prompt_mismatch", "dataset": RUNNING, "count": 2 ** i,
+            "message": f"{RUNNING}: prompt_tokens differ in {2 ** i} replies"}
+           for i in range(3)]
+    write_run(tmp_path, cut)
+    manifest = json.loads((tmp_path / "run.json").read_text())
+    manifest["history"] = [{"started": NOW - 7200}, {"started": NOW - 60}]  # told a session ago
+    (tmp_path / "run.json").write_text(json.dumps(manifest))
+    state = state_at(tmp_path)
+    assert [str(a) for a in state.alerts] == [
+        f"ALERT {RUNNING}: prompt_mismatch 50.0m ago: {RUNNING}: prompt_tokens differ in 4 "
+        "replies"]
+    assert any(line.startswith(f"ALERT {RUNNING}: prompt_mismatch")
+               for line in render_frame(state, 80).splitlines())
+
+
 # --- the server's figures --------------------------------------------------------------------
 
 

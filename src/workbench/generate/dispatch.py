@@ -78,6 +78,7 @@ from workbench.server.client import (
     check_reply,
     redact_url,
 )
+from workbench.server.info import gpu_count
 from workbench.text import format_duration
 
 __all__ = ["Runner"]
@@ -159,6 +160,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: dict[str, SGLangClient] = {}
+        self._server_gpus: int | None = None  # one server's, from /server_info
         self._wakeups: list[asyncio.Event] = []
         self._server: ServerFacts | None = None
         self._written_limit: int | None = None
@@ -196,6 +198,7 @@ class Runner:
                 BudgetProjection(planned.sampling.max_new_tokens))
         self._server = ServerFacts(redact_url(self.client.base_url),
                                    model_name(server_info, model_info), server_info, model_info)
+        self._server_gpus = gpu_count(server_info)
         self._write_manifest()
 
     def _write_manifest(self) -> None:
@@ -338,7 +341,18 @@ class Runner:
             interrupted=self.stopping, wall_seconds=time.perf_counter() - started,
             retries=self.retries, dropped=self.dropped, unwritten=self.writer.held,
             storage_error=None if self.storage_error is None else str(self.storage_error),
+            gpus=self.gpus,
         )
+
+    @property
+    def gpus(self) -> int | None:
+        """The GPUs serving the run: `--gpus`, else /server_info's count times the workers
+        seen behind a router; None when neither says."""
+        if self.options.gpus is not None:
+            return self.options.gpus
+        if self._server_gpus is None:
+            return None
+        return self._server_gpus * max(1, len(self._workers))
 
     async def _wait_producers(self) -> None:
         """Until both producers are done, or cancelled by a stop (an error of theirs raises)."""
@@ -541,7 +555,8 @@ class Runner:
                 reduced: int | None = None) -> None:
         """Write the reply's record (`reduced`: the max_new_tokens cut to fit the context);
         it counts as done once it is on disk. A prompt sent as ids whose reply counts other
-        prompt_tokens was cut or changed by the server: counted in `prompt_mismatches`."""
+        prompt_tokens was cut or changed by the server: counted in `prompt_mismatches`, and
+        told as a `prompt_mismatch` event at the 1st, 2nd, 4th, 8th, ... one of a dataset."""
         record = Record(
             sample_id=prompt.sample_id, output_ids=result.output_ids,
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
@@ -552,11 +567,27 @@ class Runner:
             max_new_tokens_reduced=msgspec.UNSET if reduced is None else reduced,
         )
         if prompt.input_ids is not None and result.prompt_tokens != len(prompt.input_ids):
-            ds.progress.prompt_mismatches += 1
+            self._prompt_mismatch(ds, prompt.sample_id, len(prompt.input_ids),
+                                  result.prompt_tokens)
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
         tokens = result.completion_tokens
         self.writer.write(ds.raw, record, on_written=lambda: ds.progress.count_done(tokens))
+
+    def _prompt_mismatch(self, ds: _Dataset, sample_id: int | str, sent: int,
+                         counted: int) -> None:
+        progress = ds.progress
+        progress.prompt_mismatches += 1
+        count = progress.prompt_mismatches
+        if count & (count - 1):  # told at powers of two: a handful of events for any number
+            return
+        self.add_event({
+            "ts": round(time.time(), 3), "kind": "prompt_mismatch", "dataset": progress.name,
+            "message": (f"{progress.name}: prompt_tokens differ from the ids sent in {count} of "
+                        f"this run's replies (sample_id {sample_id}: {sent} sent, {counted} "
+                        f"counted): the server cut or changed the prompts (started with "
+                        f"--allow-auto-truncate?); validate lists them (prompt_tokens_mismatch)"),
+            "count": count, "sample_id": sample_id, "sent": sent, "counted": counted})
 
     def _backoff(self, attempt: int) -> float:
         base = min(self.options.backoff_cap, self.options.backoff_base * 2 ** (attempt - 1))

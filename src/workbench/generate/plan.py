@@ -86,6 +86,7 @@ class GenerateOptions:
     server_wait: float = 3600.0
     disk_wait: float = 1800.0  # seconds a failed write may go on failing before the run stops
     auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
+    gpus: int | None = None  # the GPUs serving the run (None: from /server_info)
 
 
 class ServerFacts(NamedTuple):

@@ -94,10 +94,36 @@ class RunSummary:
     dropped: int = 0  # requests in flight when the run stopped, whose prompts a resume sends again
     unwritten: int = 0  # lines (replies and errors) that could not be written: sent again on resume
     storage_error: str | None = None  # the failed write that stopped the run
+    gpus: int | None = None  # the GPUs serving the run (None: unknown)
 
     @property
     def failed(self) -> int:
         return sum(p.failed_ids for p in self.datasets.values())
+
+    def time_left(self, now: float | None = None) -> tuple[float | None, float | None]:
+        """The job's completion tokens left and the seconds they take at this run's output
+        rate (wall time `now`, by default now): each unfinished dataset's samples left at its
+        mean reply length (the run's where it has none), or its budget left where that is
+        less, over the summed tok/s of the datasets still running; seconds 0 when every
+        dataset ended; None for what is unknown (no reply yet, no rate)."""
+        open_ = [p for p in self.datasets.values() if not p.ended]
+        if not open_:
+            return 0.0, 0.0
+        done = sum(p.done for p in self.datasets.values())
+        run_mean = sum(p.completion_tokens for p in self.datasets.values()) / done if done else None
+        tokens = 0.0
+        for p in open_:
+            mean = p.completion_tokens / p.done if p.done else run_mean
+            left = max(p.target - p.done - p.failed_ids, 0) * mean if mean is not None else None
+            budget = max(p.max_tokens - p.completion_tokens, 0) if p.max_tokens else None
+            known = [x for x in (left, budget) if x is not None]
+            if not known:
+                return None, None
+            tokens += min(known)
+        if tokens == 0:  # the prompts left failed after all their attempts
+            return 0.0, 0.0
+        rate = sum(p.rates(now).tokens_per_s or 0.0 for p in open_)
+        return tokens, tokens / rate if rate > 0 else None
 
 
 def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:

@@ -27,13 +27,14 @@ from workbench.generate.dispatch import Runner
 from workbench.generate.progress import DatasetProgress, RunSummary, format_progress_line
 from workbench.rundir.layout import ERRORS_FILE
 from workbench.rundir.rates import RATE_WINDOW
-from workbench.text import format_duration
+from workbench.text import format_count, format_duration, format_gpu_hours, format_gpus
 
 __all__ = [
     "RATES_NOTE",
     "LineView",
     "RichView",
     "View",
+    "cost_line",
     "progress_fields",
     "resume_line",
     "summary_lines",
@@ -163,6 +164,32 @@ class RichView(LineView):
         self.progress.stop()
 
 
+def cost_line(summary: RunSummary, now: float | None = None) -> str:
+    """The session's wall time and what is left of the job (at wall time `now`), each in
+    GPU-hours when the GPU count is known: `cost: 2.0h x 8 GPUs = 16.0 GPU-hours this session;
+    left: 3.4h for 14,800,000 tokens at 1,210 tok/s = 27.2 GPU-hours`."""
+    gpus = summary.gpus
+
+    def gpu_hours(seconds: float) -> str:
+        return "" if gpus is None else f" = {format_gpu_hours(seconds / 3600 * gpus)} GPU-hours"
+
+    wall = summary.wall_seconds
+    spent = (f"{format_duration(wall)} x {format_gpus(gpus)}" if gpus is not None
+             else format_duration(wall))
+    text = f"cost: {spent}{gpu_hours(wall)} this session"
+    tokens, seconds = summary.time_left(now)
+    if seconds == 0:
+        text += "; nothing left"
+    elif tokens is None or seconds is None:
+        text += "; time left unknown (no output rate yet)"
+    else:
+        text += (f"; left: {format_duration(seconds)} for {format_count(tokens)} tokens at "
+                 f"{format_count(tokens / seconds)} tok/s{gpu_hours(seconds)}")
+    if gpus is None:
+        text += " (GPU count unknown: /server_info has no tp_size; give --gpus N)"
+    return text
+
+
 def summary_lines(summary: RunSummary, out: Path, resume_command: str) -> list[str]:
     """The closing summary: per dataset, the failed ones named, and after a stop the dropped
     requests and `resume_command`, the command that resumes."""
@@ -174,6 +201,7 @@ def summary_lines(summary: RunSummary, out: Path, resume_command: str) -> list[s
         lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
                      f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion "
                      f"tokens{extra}")
+    lines.append(cost_line(summary))
     for p in summary.datasets.values():
         if p.failed_samples:
             ids = ", ".join(map(str, p.failed_samples[:5])) + (", ..." if len(p.failed_samples) > 5 else "")

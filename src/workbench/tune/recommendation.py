@@ -14,7 +14,7 @@ from typing import Any
 from workbench.analyze.stats import collect_stats
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, InputError
-from workbench.text import format_table
+from workbench.text import format_gpu_hours, format_gpus, format_table
 from workbench.tune.measurement import PointResult, _rounded, violations
 from workbench.tune.parameters import LatencyLimits, ProjectionParams
 from workbench.tune.results import load_results, sweep_params
@@ -40,18 +40,6 @@ def projection(remaining_tokens: float, tok_s: float) -> float:
     if tok_s <= 0:
         raise ValueError("throughput must be positive")
     return remaining_tokens / tok_s / 3600.0
-
-
-def format_gpu_hours(gpu_hours: float) -> str:
-    """GPU-hours as the hours are shown: `0.25`, `14.6`, `1,460`."""
-    if gpu_hours >= 100:
-        return f"{gpu_hours:,.0f}"
-    return f"{gpu_hours:.1f}" if gpu_hours >= 1 else f"{gpu_hours:.2f}"
-
-
-def format_gpus(gpus: int | None) -> str:
-    """`1 GPU`, `8 GPUs`."""
-    return f"{gpus} GPU{'s' if gpus != 1 else ''}"
 
 
 def format_hours(hours: float | None) -> str:

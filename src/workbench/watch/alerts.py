@@ -3,6 +3,9 @@
     stalled, degraded   the latest such event of the runner's log (run.json ``events``) in
                         its latest session that no later ``recovered`` event cleared: its
                         kind, age and message
+    prompt_mismatch     per dataset, the runner's latest such event in any session (the
+                        records it tells of stay): replies whose prompt_tokens are not the
+                        ids sent, the server cut or changed the prompts
     schema_drift        a count missing in the most recent records read
     stale_writer        a dataset is stale
     error_rate          failed attempts over the threshold share of the recent window
@@ -152,11 +155,26 @@ def _event_alert(stats: RunStats) -> Alert | None:
     event = open_event(stats.manifest)
     if event is None:
         return None
-    kind, message = event["kind"], event.get("message")
     subject = event.get("dataset")
-    age = format_duration(max(0.0, stats.now - float(event["ts"])))
+    return _told(subject if isinstance(subject, str) and subject else "run", event, stats.now)
+
+
+def _mismatch_alerts(stats: RunStats) -> list[Alert]:
+    """The latest prompt_mismatch event of each dataset, whichever session told it."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for event in _events(stats.manifest):
+        dataset = event.get("dataset")
+        if event["kind"] == "prompt_mismatch" and isinstance(dataset, str):
+            latest[dataset] = event
+    return [_told(name, event, stats.now) for name, event in latest.items()]
+
+
+def _told(subject: str, event: Mapping[str, Any], now: float) -> Alert:
+    """An alert of a runner's event: its kind, age and message."""
+    kind, message = event["kind"], event.get("message")
+    age = format_duration(max(0.0, now - float(event["ts"])))
     text = f"{kind} {age} ago" + (f": {message}" if isinstance(message, str) and message else "")
-    return Alert(subject if isinstance(subject, str) and subject else "run", kind, text)
+    return Alert(subject, kind, text)
 
 
 def _worker_alerts(server: ServerState) -> list[Alert]:
@@ -206,6 +224,7 @@ def alerts(
     """Every alert of a frame: the runner's open event, per dataset in order, then the server's."""
     event = _event_alert(stats)
     found: list[Alert] = [] if event is None else [event]
+    found += _mismatch_alerts(stats)
     for name, ds in stats.datasets.items():
         found += _dataset_alerts(ds, statuses.get(name, "idle"), stats, thresholds)
     if server is not None:
