@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,6 +130,53 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
     for sim in sims[:2]:
         assert f"worker {sim.url}: healthy" in frame.stdout and "running" in frame.stdout
     assert f"ALERT server: worker {victim.url} marked unhealthy" in frame.stdout
+
+
+@pytest.mark.integration
+def test_one_hung_worker_behind_the_router_is_told(
+        tmp_path: Path, start_sim: Callable[..., ServerProcess],
+        start_router: Callable[..., ServerProcess]) -> None:
+    """One server's scheduler hangs for good (its /health still answers, so the router keeps
+    it) while the other works: the summed tokens move, the watchdog names the hung one."""
+    working = start_sim(speed=0.2)
+    hung = start_sim(speed=0.2, fault_stall_after=2.0)  # 10 s of wall-clock time: mid-run
+    router = start_router([working.url, hung.url])
+    manifest = write_manifest(tmp_path, [
+        {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids"}])
+    out = tmp_path / "out"
+
+    def stalled() -> list[dict[str, Any]]:
+        run = out / "run.json"
+        events = json.loads(run.read_text()).get("events", []) if run.exists() else []
+        return [e for e in events if e["kind"] == "stalled"]
+
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as stderr_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workbench", "generate", "--datasets", str(manifest),
+             "--server", router.url, "--out", str(out), "--concurrency", "16",
+             "--stall-timeout", "5", "--progress-interval", "1"],
+            stdout=subprocess.PIPE, stderr=stderr_file, text=True)
+    try:
+        wait_until(lambda: bool(stalled()), 120, "the hung worker to be told")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping: letting in-flight" in err.read_text(), 30,
+                   "the first signal to be taken")
+        proc.send_signal(signal.SIGTERM)  # stop now: the hung requests are cut
+        stdout, _ = proc.communicate(timeout=30)
+        stderr = err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    [event] = stalled()
+    assert event["worker"] == hung.url
+    assert event["message"].startswith(f"worker {hung.url} stalled: no token generated for ")
+    assert event["message"] in stdout.splitlines()
+    assert counter(working.url) > counter(hung.url) > 0  # both served; the working one goes on
+    assert re.search(r"^cost: \d+s x 2 GPUs = ", stdout, re.M), stdout  # tp 1 x 2 workers
+    ids, duplicates = read_sample_ids(out / "ids" / "raw_responses.jsonl")
+    assert ids and duplicates == []
 
 
 @pytest.mark.integration

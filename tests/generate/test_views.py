@@ -117,7 +117,7 @@ def test_failed_prompts_exit_1_and_are_named(tmp_path: Path, start_sim: Callable
                      "--out", str(tmp_path / "out"), "--max-attempts", "1")
     assert done.returncode == 1, done.stderr
     assert re.search(r"^cost: \d+s x 1 GPU = 0\.\d\d GPU-hours this session; nothing left$",
-                     done.stdout, re.M), done.stdout  # the simulator's /server_info: tp_size 1
+                     done.stdout, re.MULTILINE), done.stdout  # the simulator's /server_info: tp_size 1
     match = re.search(r"failed after all attempts: ids: (\d+) prompts \(sample_id ([^;]+); see (.*)\)", done.stdout)
     assert match, done.stdout
     failing = {json.loads(line)["sample_id"] for line in Path(match.group(3)).read_text().splitlines()}

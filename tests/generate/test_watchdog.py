@@ -114,13 +114,40 @@ def test_counters_are_summed_over_servers_and_a_restarted_one_counts_nothing() -
     assert [(t, d.kind) for t, d in found] == [(395, "stalled")]
 
 
+def test_one_hung_worker_among_working_ones_is_told_and_its_recovery() -> None:
+    detector = Detector(WatchdogSettings(stall_seconds=100))
+
+    def two(t: float, a: float, b: float, busy_a: float = 8, paused: bool = False) -> Reading:
+        return Reading(t, None if paused else {"http://a:1": a, "http://b:2": b}, running=16,
+                       queued=0, busy={"http://a:1": busy_a, "http://b:2": 8}, in_flight=16,
+                       paused=paused)
+
+    # a's counter stops at 50 while 8 requests run on it; b goes on: the sum moves, a is told
+    found = feed(detector, [two(t, min(50, t), 10 * t) for t in range(0, 300, 5)])
+    assert [(t, d.kind) for t, d in found] == [(150, "stalled")]
+    stalled = found[0][1]
+    assert stalled.message == ("worker http://a:1 stalled: no token generated for 100 s with 8 "
+                               "requests running on it, while the other servers progress")
+    assert stalled.figures["worker"] == "http://a:1" and stalled.figures["seconds"] == 100
+    assert detector.state == "stalled"
+    found = feed(detector, [two(300, 51, 3000)])
+    assert [d.message for _, d in found] == [
+        "worker http://a:1 recovered: progress again after 250 s without"]
+    assert detector.state == "ok"
+    # a worker with nothing running on it is not waited on, and a pause starts the clocks again
+    assert feed(detector, [two(t, 51, 10 * t, busy_a=0) for t in range(305, 600, 5)]) == []
+    assert feed(detector, [two(t, 51, 0, paused=True) for t in range(600, 700, 5)]) == []
+    found = feed(detector, [two(t, 51, 10 * t) for t in range(700, 900, 5)])
+    assert [(t, d.kind) for t, d in found] == [(800, "stalled")]
+
+
 def test_reading_from_server_readings_prefers_the_live_token_counter() -> None:
     servers = [ServerReading("a", 10, 2, 0.5, 3, generated=1000, decoded=5000),
                ServerReading("b", 5, 0, 0.9, None, generated=700, decoded=None)]
     reading = reading_from(servers, 1.0, in_flight=15, finished=4)
     assert reading.tokens == {"a": 5000, "b": 700}
     assert (reading.running, reading.queued, reading.token_usage) == (15, 2, 0.9)
-    assert reading.retracted == {"a": 3}
+    assert reading.retracted == {"a": 3} and reading.busy == {"a": 10, "b": 5}
     assert reading_from(None, 1.0, 3, 0).tokens is None
 
 

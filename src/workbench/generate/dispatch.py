@@ -78,7 +78,6 @@ from workbench.server.client import (
     check_reply,
     redact_url,
 )
-from workbench.server.info import gpu_count
 from workbench.text import format_duration
 
 __all__ = ["Runner"]
@@ -160,7 +159,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: dict[str, SGLangClient] = {}
-        self._server_gpus: int | None = None  # one server's, from /server_info
+        self.serving_gpus: int | None = None  # what the servers' /server_info say
         self._wakeups: list[asyncio.Event] = []
         self._server: ServerFacts | None = None
         self._written_limit: int | None = None
@@ -198,7 +197,6 @@ class Runner:
                 BudgetProjection(planned.sampling.max_new_tokens))
         self._server = ServerFacts(redact_url(self.client.base_url),
                                    model_name(server_info, model_info), server_info, model_info)
-        self._server_gpus = gpu_count(server_info)
         self._write_manifest()
 
     def _write_manifest(self) -> None:
@@ -346,13 +344,9 @@ class Runner:
 
     @property
     def gpus(self) -> int | None:
-        """The GPUs serving the run: `--gpus`, else /server_info's count times the workers
-        seen behind a router; None when neither says."""
-        if self.options.gpus is not None:
-            return self.options.gpus
-        if self._server_gpus is None:
-            return None
-        return self._server_gpus * max(1, len(self._workers))
+        """The GPUs serving the run: `--gpus`, else `serving_gpus` (the servers' own count,
+        set by the session); None when neither says."""
+        return self.options.gpus if self.options.gpus is not None else self.serving_gpus
 
     async def _wait_producers(self) -> None:
         """Until both producers are done, or cancelled by a stop (an error of theirs raises)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from workbench.rundir.layout import check_dataset_names
 from workbench.rundir.lock import hold_run_lock
 from workbench.rundir.storage import storage_error
 from workbench.server.client import SGLangClient, api_key_from_env, request_timeout
+from workbench.server.info import gpu_count
 
 __all__ = ["preflight", "probe_server", "run_generation", "run_with_view"]
 
@@ -71,6 +72,25 @@ async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, 
     return server_info, model_info
 
 
+async def serving_gpus(client: SGLangClient, server_info: Mapping[str, Any]) -> int | None:
+    """The GPUs behind `client`: its /server_info's count, or for an sglang-router (whose
+    /server_info names no parallelism) the first worker's count times the workers; None when
+    no server says."""
+    gpus = gpu_count(server_info)
+    if gpus is not None:
+        return gpus
+    try:
+        workers = await client.workers()
+        if not workers:
+            return None
+        async with SGLangClient(workers[0]["url"], api_key=api_key_from_env(),
+                                timeout=10.0) as worker:
+            per_worker = gpu_count(await worker.server_info())
+    except RequestFailed:
+        return None
+    return None if per_worker is None else per_worker * len(workers)
+
+
 async def run_generation(
     manifest: Manifest,
     client: SGLangClient,
@@ -96,6 +116,7 @@ async def run_generation(
     runner.load()
     server_info, model_info = await probe_server(client)
     runner.check_resume(server_info, model_info)
+    runner.serving_gpus = await serving_gpus(client, server_info)
     first = runner.first_prompt()
     if options.preflight and first is not None:
         await preflight(client, first)

@@ -20,7 +20,10 @@ progress    a server's token counter went up, or a reply finished (the run's own
 stalled     requests are in flight and nothing progressed for ``stall_seconds``. The clock
             starts again whenever nothing is in flight or the run is paused (the outage gate
             or a failed write: those say so themselves). Without /metrics the only progress
-            seen is a finished reply.
+            seen is a finished reply. Several servers: also one of them whose counter did not
+            move for ``stall_seconds`` while it says requests are running on it (the others'
+            progress would hide a hung worker, whose requests wait for --request-timeout);
+            it recovers when its own counter moves again.
 
 degraded    all of these at one reading:
               - ``rate``: tokens per second between this reading and the latest one at least
@@ -132,6 +135,7 @@ class Reading:
     queued: float | None = None
     token_usage: float | None = None
     retracted: Mapping[str, float] = field(default_factory=dict)
+    busy: Mapping[str, float] = field(default_factory=dict)  # per server URL, requests running
     in_flight: int = 0
     finished: int = 0  # replies finished in this run so far
     paused: bool = False  # the run waits for the server or the disk
@@ -170,9 +174,11 @@ class Detector:
         self._retracted: dict[str, float] = {}
         self._total = _Sample(0.0, 0.0, 0.0)
         self._samples: deque[_Sample] = deque()
+        self._workers = _WorkerClocks()
 
     def feed(self, reading: Reading) -> Detection | None:
         """The detection this reading makes, if the state changes."""
+        self._workers.feed(reading, self._tokens)
         gained = self._count(reading)
         progressed = gained > 0 or reading.finished > self._finished
         self._finished = reading.finished
@@ -183,11 +189,16 @@ class Detector:
         rate = self._rate(reading.at) if reading.tokens is not None else None
         if rate is not None:
             self.best = rate if self.best is None else max(self.best, rate)
+        if self.state == "stalled" and self._workers.stalled is not None:
+            return self._worker_recovered(reading)
         if self.state == "stalled":
             return self._recovered(reading, progressed, rate, reading.at - before)
         if self._stalled(reading, quiet):
             return self._enter("stalled", reading, _stall_message(reading, quiet),
                                seconds=round(quiet))
+        worker = self._worker_stalled(reading)
+        if worker is not None:
+            return worker
         if self.state == "degraded":
             return self._recovered(reading, False, rate, reading.at - self._entered)
         degraded = self._degraded(reading, rate)
@@ -224,6 +235,35 @@ class Detector:
     def _stalled(self, reading: Reading, quiet: float) -> bool:
         stall = self.settings.stall_seconds
         return stall > 0 and reading.in_flight > 0 and quiet >= stall
+
+    def _worker_stalled(self, reading: Reading) -> Detection | None:
+        """`stalled` for the server (one of several) quiet longest with requests running on
+        it, when that is `stall_seconds` or more."""
+        stall = self.settings.stall_seconds
+        if stall <= 0 or reading.in_flight == 0 or reading.paused:
+            return None
+        found = self._workers.quietest(reading)
+        if found is None or found[1] < stall:
+            return None
+        url, quiet = found
+        self._workers.stalled = url
+        self._workers.stalled_since = reading.at - quiet
+        running = reading.busy.get(url, 0.0)
+        message = (f"worker {url} stalled: no token generated for {quiet:.0f} s with "
+                   f"{running:.0f} requests running on it, while the other servers progress")
+        return self._enter("stalled", reading, message, seconds=round(quiet), worker=url)
+
+    def _worker_recovered(self, reading: Reading) -> Detection | None:
+        """`recovered` when the stalled worker's counter moved, or it has nothing running."""
+        url = self._workers.stalled
+        assert url is not None
+        if not self._workers.moved(url, reading):
+            return None
+        self._workers.stalled = None
+        lasted = reading.at - self._workers.stalled_since
+        return self._enter("recovered", reading,
+                           f"worker {url} recovered: progress again after {lasted:.0f} s without",
+                           after="stalled", seconds=round(lasted), worker=url)
 
     def _degraded(self, reading: Reading,
                   rate: float | None) -> tuple[str, dict[str, Figure]] | None:
@@ -269,6 +309,46 @@ class Detector:
         self.state = "ok" if kind == "recovered" else kind
         self._entered = reading.at
         return Detection(kind, message, {**_reading_figures(reading), **(figures or {}), **more})
+
+
+class _WorkerClocks:
+    """Per server (when a reading has several), since when its counter has not moved while
+    requests run on it: the watchdog's view of one hung worker among working ones."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}
+        self.moving: set[str] = set()  # servers whose counter moved at the latest reading
+        self.stalled: str | None = None  # the server a worker stall was told of
+        self.stalled_since = 0.0  # since when it had not progressed
+
+    def feed(self, reading: Reading, last: Mapping[str, float]) -> None:
+        """Take a reading (`last`: the counters of the previous one, not yet updated)."""
+        tokens = reading.tokens or {}
+        if not tokens or reading.paused or reading.in_flight == 0:
+            self.since.clear()  # not read, or nothing to wait for: the clocks start again
+        self.moving = {url for url, value in tokens.items()
+                       if url not in last or value != last[url]}
+        for url in tokens:
+            idle = reading.busy.get(url, 0.0) <= 0
+            if url in self.moving or idle or reading.paused or url not in self.since:
+                self.since[url] = reading.at
+
+    def quietest(self, reading: Reading) -> tuple[str, float] | None:
+        """The server quiet longest with requests running on it, and for how long; None
+        with fewer than two servers."""
+        tokens = reading.tokens or {}
+        if len(tokens) < 2:
+            return None
+        busy = [url for url in tokens if reading.busy.get(url, 0.0) > 0]
+        if not busy:
+            return None
+        url = min(busy, key=lambda u: self.since[u])
+        return url, reading.at - self.since[url]
+
+    def moved(self, url: str, reading: Reading) -> bool:
+        """Whether `url` progressed at this reading (or runs nothing, or is gone)."""
+        tokens = reading.tokens or {}
+        return url in self.moving or url not in tokens or reading.busy.get(url, 0.0) <= 0
 
 
 def _increase(last: dict[str, float], now: Mapping[str, float]) -> float:
@@ -323,7 +403,7 @@ def reading_from(servers: Sequence[ServerReading] | None, at: float, in_flight: 
         running=sum(r.running for r in servers), queued=sum(r.queued for r in servers),
         token_usage=max(usage) if usage else None,
         retracted={r.url: r.retracted for r in servers if r.retracted is not None},
-        in_flight=in_flight, finished=finished, paused=paused,
+        busy={r.url: r.running for r in servers}, in_flight=in_flight, finished=finished, paused=paused,
     )
 
 
@@ -383,8 +463,8 @@ class Watchdog:
         detection = self.detector.feed(reading)
         if detection is None:
             return None
-        if detection.kind == "stalled":
-            detection = await self._with_health(detection)
+        if detection.kind == "stalled" and "worker" not in detection.figures:
+            detection = await self._with_health(detection)  # the server the run talks to
         self.on_detection(detection)
         return detection
 
