@@ -218,8 +218,8 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "0: off (0.25)")
     p.add_argument("--gpus", type=_positive_int, metavar="N",
                    help="the GPUs serving the run, for the GPU-hours of the closing summary "
-                        "(default: the server's tp x pp x dp from /server_info, times the "
-                        "workers behind a router)")
+                        "(default: the server's tp x pp x dp from /server_info; through a "
+                        "router, the first worker's times the workers)")
     p.add_argument("--max-restarts", type=_non_negative_int, default=3, metavar="N",
                    help="--launch: restarts of the server before the run stops (3)")
     p.add_argument("--restart-backoff", type=_positive_float, default=10.0, metavar="SECONDS",
