@@ -5,7 +5,7 @@
         --sglang-python .venv-sglang/bin/python --model outputs/real-sglang/model \\
         --out outputs/real-sglang-check          # these are the defaults (relative to cwd)
 
-    ... --only generate        # one step (generate, auto, watch, tune, fit)
+    ... --only generate        # one step (generate, auto, watch, tune, fit, unattended)
     ... --skip-tune --skip-fit # leave steps out
 
 Steps (one server at a time; every server's log is kept under OUT/logs/):
@@ -26,6 +26,16 @@ Steps (one server at a time; every server's log is kept under OUT/logs/):
              configuration), results.csv statuses and SGLang's own failure reasons, then the
              throughput_tuning report (HTML written, no cell error).
 5. fit       `workbench tune fit SWEEP --out PROFILE --configs a,b` when that verb exists.
+6. unattended `workbench generate --launch SERVER.yaml` starts its own SGLang (the `server`
+             section of params/tuning.real-sglang.yaml, absolute paths) for 60 pre-tokenized
+             prompts; once a fifth of them are written and /metrics shows requests running,
+             SGLang's scheduler process (`sglang::scheduler`, under the launched server) gets
+             SIGSTOP: the server still answers /metrics but generates nothing (its /health
+             does not answer). Checked: the run exits 0; run.json's events
+             hold one `stalled` (after --stall-timeout, 30 s), then `server_restarting` (reason
+             `stalled`) and `server_restarted`; every sample is written once; neither the
+             stopped process nor any process of the run's servers is left; OUT/server.log has
+             two start headers.
 
 Prints `ok`/`FAIL` per check with its figures, a summary, writes OUT/summary.json, and exits
 1 when a check failed (2 on a usage error).
@@ -56,6 +66,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
 import shlex
@@ -71,7 +82,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
+from workbench.generate.launched import SERVER_LOG
 from workbench.rundir.records import is_finished, read_rows
 from workbench.server.launch import (
     HEALTH_PATHS,
@@ -82,7 +95,7 @@ from workbench.server.launch import (
 )
 from workbench.server.metrics import MetricsSnapshot, parse_metrics
 
-STEPS = ("generate", "auto", "watch", "tune", "fit")
+STEPS = ("generate", "auto", "watch", "tune", "fit", "unattended")
 CONTEXT_LEN = 4096
 TOO_LONG = re.compile(r"The input \((\d+) tokens\) is longer than the model's context length "
                       r"\((\d+) tokens\)")
@@ -176,10 +189,9 @@ class Context:
 # --------------------------------------------------------------------------- server
 
 
-@contextlib.contextmanager
-def sglang_server(ctx: Context, name: str, pool: int) -> Iterator[ServerProcess]:
-    """A real SGLang on the CPU, started in its own process group with its log in OUT/logs."""
-    port = find_free_port()
+def server_settings(ctx: Context, pool: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """SGLang's flags and environment for a server with a KV pool of `pool` tokens: metrics
+    on, dummy weights for a model folder without any, the CPU engine in --mode cpu."""
     args: dict[str, Any] = {"enable_metrics": True, "max_total_tokens": pool}
     if not has_weights(ctx.model):
         args["load_format"] = "dummy"  # random weights from config.json
@@ -187,6 +199,14 @@ def sglang_server(ctx: Context, name: str, pool: int) -> Iterator[ServerProcess]
     if ctx.args.mode == "cpu":
         args |= {"device": "cpu", "attention_backend": "torch_native", "mem_fraction_static": 0.05}
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+    return args, env
+
+
+@contextlib.contextmanager
+def sglang_server(ctx: Context, name: str, pool: int) -> Iterator[ServerProcess]:
+    """A real SGLang on the CPU, started in its own process group with its log in OUT/logs."""
+    port = find_free_port()
+    args, env = server_settings(ctx, pool)
     argv = server_command("sglang", port=port, model_path=str(ctx.model), args=args,
                           python=ctx.sglang_python)
     log = ctx.logs / f"server-{name}.log"
@@ -309,6 +329,30 @@ def start_workbench(ctx: Context, args: Sequence[str], log_name: str) -> subproc
     log.write(f"\n$ {shlex.join(argv)}\n".encode())
     log.flush()
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def fresh_run(folder: Path) -> Path:
+    """`folder/run`, an earlier one moved aside to `run.old-<time>`."""
+    run = folder / "run"
+    if run.exists():
+        backup = folder / f"run.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        run.rename(backup)
+        say(f"earlier run moved aside to {backup}")
+    return run
+
+
+def stop_workbench(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a workbench subprocess still running: two SIGTERMs (the second, taken apart from
+    the first, cuts what is in flight), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # signals sent together can arrive as one
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def stream_workbench(ctx: Context, args: Sequence[str], log_name: str) -> int:
@@ -441,11 +485,7 @@ class Session:
 
 def step_generate(ctx: Context, checks: Checks) -> None:
     folder = ctx.out / "generate"
-    run = folder / "run"
-    if run.exists():
-        backup = folder / f"run.old-{time.strftime('%Y%m%d-%H%M%S')}"
-        run.rename(backup)
-        say(f"earlier run moved aside to {backup}")
+    run = fresh_run(folder)
     chat, pretok = ctx.args.chat_prompts, ctx.args.pretok_prompts
     n_long = max(0, min(ctx.args.long_prompts, chat // 10))
     long_ids = [5 + i * (chat // max(1, n_long)) for i in range(n_long)]
@@ -606,14 +646,13 @@ def check_generate(ctx: Context, checks: Checks, run: Path, names: Sequence[str]
         unrec = d_req - s.records - 1
         unrec_tok = d_gen - s.completion - 1
         on_server = sum(g or 0 for g in s.gauges_at_stop or ())
-        rows.append(dict(session=s.label, exit=s.exit_code, records=s.records,
-                         completion=s.completion, d_requests=d_req, d_generation=d_gen,
-                         d_prompt=d_prompt, prompt_in_records=s.prompt, d_aborted=aborted,
-                         unrecorded=unrec, unrecorded_tokens=unrec_tok,
-                         gauges_at_stop=s.gauges_at_stop, disconnect_lines=s.disconnects,
-                         errors_400=s.errors_400, seconds=round(s.seconds, 1),
-                         in_flight=s.in_flight,
-                         idle_after_s=round(s.idle_after, 1)))
+        rows.append({"session": s.label, "exit": s.exit_code, "records": s.records,
+                     "completion": s.completion, "d_requests": d_req, "d_generation": d_gen,
+                     "d_prompt": d_prompt, "prompt_in_records": s.prompt, "d_aborted": aborted,
+                     "unrecorded": unrec, "unrecorded_tokens": unrec_tok,
+                     "gauges_at_stop": s.gauges_at_stop, "disconnect_lines": s.disconnects,
+                     "errors_400": s.errors_400, "seconds": round(s.seconds, 1),
+                     "in_flight": s.in_flight, "idle_after_s": round(s.idle_after, 1)})
         figures = (f"exit {s.exit_code}; Δrequests {d_req:.0f} = {s.records} records + 1 preflight "
                    f"+ {unrec:.0f} others; Δgeneration_tokens {d_gen:.0f} = {s.completion} + 1 + "
                    f"{unrec_tok:.0f}; Δprompt_tokens {d_prompt:.0f} vs {s.prompt} + 1; "
@@ -793,10 +832,10 @@ def step_auto(ctx: Context, checks: Checks) -> None:
             stats_rate = _stats_rate(stats.stdout)
             cap = _concurrency_record(run)
             retracted = delta(after, before, "retracted")
-            results[label] = dict(exit=result.returncode, tok_s=round(rate, 1), records=records,
-                                  span_s=round(span, 1), wall_s=round(wall, 1),
-                                  stats_tok_s=stats_rate, retracted=retracted, concurrency=cap,
-                                  load_average=load)
+            results[label] = {"exit": result.returncode, "tok_s": round(rate, 1),
+                              "records": records, "span_s": round(span, 1),
+                              "wall_s": round(wall, 1), "stats_tok_s": stats_rate,
+                              "retracted": retracted, "concurrency": cap, "load_average": load}
             say(f"concurrency {label}: {rate:.0f} tok/s ({records} records in {span:.0f} s; "
                 f"stats says {stats_rate}); retractions +{retracted:.0f}; run.json concurrency "
                 f"{cap}; load average {load}")
@@ -944,14 +983,7 @@ def monitor_with_load(ctx: Context, run: Path) -> dict[str, Any]:
                 time.sleep(0.2)
             return monitor_probe(ctx, run, server.url)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=60)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_workbench(proc)
 
 
 # --------------------------------------------------------------------------- step 4
@@ -1096,6 +1128,290 @@ def _cell(text: str | None) -> str:
         return str(text)
 
 
+# --------------------------------------------------------------------------- step 6
+
+EXAMPLE_PRETOK = Path(__file__).resolve().parents[1] / "examples" / "data" / "pretokenized.jsonl"
+SCHEDULER_TITLE = "sglang::scheduler"  # the process title SGLang gives its scheduler
+START_HEADER = "workbench: start "     # one line in OUT/server.log per server start
+
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str  # R, S, T (stopped), Z ...
+    args: str   # the command line (SGLang's children: their process title)
+
+
+@dataclass
+class Frozen:
+    pid: int
+    pgid: int        # the launched server's process group
+    title: str
+    at: float        # time.time() of the SIGSTOP
+    records: int     # lines written by then
+    state: str       # the process's state just after the SIGSTOP
+    running: float | None  # requests running on the server then (its gauge)
+
+
+def processes() -> dict[int, Proc]:
+    """Every process readable in /proc."""
+    table: dict[int, Proc] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ...
+        args = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+        table[int(entry.name)] = Proc(int(entry.name), int(fields[1]), int(fields[2]), fields[0],
+                                      args)
+    return table
+
+
+def descendants(root: int, table: dict[int, Proc]) -> list[Proc]:
+    children: dict[int, list[Proc]] = {}
+    for p in table.values():
+        children.setdefault(p.ppid, []).append(p)
+    found: list[Proc] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child.pid)
+    return found
+
+
+def write_unattended_manifest(folder: Path, ctx: Context, *, prompts: int, max_new_tokens: int,
+                              concurrency: int) -> Path:
+    """Dataset `pretok`: the first `prompts` rows of examples/data/pretokenized.jsonl whose
+    prompt and `max_new_tokens` fit the context (the run should fail none)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [line for line in EXAMPLE_PRETOK.read_text().splitlines()
+            if len(json.loads(line)["input_ids"]) + max_new_tokens <= CONTEXT_LEN][:prompts]
+    (folder / "pretok.jsonl").write_text("\n".join(rows) + "\n")
+    manifest = folder / "datasets.yaml"
+    manifest.write_text(
+        "# written by scripts/real_sglang_check.py\n"
+        "model_profile: kimi-k2.5\n"
+        f"tokenizer: {ctx.model.resolve()}\n"
+        f"sampling: {{temperature: {ctx.args.temperature}, top_p: 1.0, top_k: -1, "
+        f"max_new_tokens: {max_new_tokens}}}\n"
+        f"concurrency: {concurrency}\n"
+        "order: random\n"
+        "datasets:\n  - name: pretok\n    path: pretok.jsonl\n    input: input_ids\n")
+    return manifest
+
+
+def write_launch_params(folder: Path, ctx: Context) -> Path:
+    """The `server` section `generate --launch` starts: SGLang as params/tuning.real-sglang.yaml
+    starts it (on the CPU in --mode cpu), with absolute paths."""
+    args, env = server_settings(ctx, 16384)
+    server = {"launcher": "sglang", "model_path": str(ctx.model.resolve()),
+              # absolute, not resolved: a venv's python is a symlink out of the venv
+              "python": os.path.abspath(ctx.sglang_python), "host": "127.0.0.1", "port": 0,
+              "startup_timeout": 420, "stop_grace": 10,
+              "health_paths": list(HEALTH_PATHS), "args": args, "env": env}
+    path = folder / "server.yaml"
+    path.write_text("# written by scripts/real_sglang_check.py: the server `workbench generate "
+                    "--launch` starts\n" + yaml.safe_dump({"server": server}, sort_keys=False))
+    return path
+
+
+def step_unattended(ctx: Context, checks: Checks) -> None:
+    folder = ctx.out / "unattended"
+    run = fresh_run(folder)
+    concurrency = 8
+    manifest = write_unattended_manifest(folder, ctx, prompts=ctx.args.unattended_prompts,
+                                         max_new_tokens=128, concurrency=concurrency)
+    total = sum(1 for _ in (folder / "pretok.jsonl").open())
+    params = write_launch_params(folder, ctx)
+    stall = ctx.args.unattended_stall_timeout
+    cmd = ["generate", "--datasets", str(manifest), "--launch", str(params), "--out", str(run),
+           "--stall-timeout", f"{stall:g}", "--restart-backoff", "2", "--max-restarts", "2",
+           "--progress-interval", "5"]
+    started = time.monotonic()
+    proc = start_workbench(ctx, cmd, "generate-unattended.log")
+    frozen: Frozen | None = None
+    seen: list[str] = []
+    try:
+        frozen, seen = freeze_scheduler(proc, run, at_records=max(4, total // 5),
+                                        in_flight=min(concurrency, total - total // 5))
+        code = proc.wait(timeout=1800)
+    finally:
+        stop_workbench(proc)
+    seconds = time.monotonic() - started
+    events = run_events(run)
+    groups = {int(e["pid"]) for e in events if e.get("kind") == "server_started" and e.get("pid")}
+    if frozen is not None:
+        groups.add(frozen.pgid)
+    try:
+        check_unattended(ctx, checks, run, total, code, seconds, frozen, seen, events, groups)
+    finally:
+        for pgid in groups:  # what is left of the run's servers, stopped ones too
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+
+
+def freeze_scheduler(proc: subprocess.Popen[bytes], run: Path, at_records: int,
+                     in_flight: int) -> tuple[Frozen | None, list[str]]:
+    """SIGSTOP to SGLang's scheduler among the processes under `workbench generate` once
+    `at_records` lines are written and `in_flight` requests run on the server; None (and
+    the processes seen) when it is not found."""
+    seen: list[str] = []
+    while proc.poll() is None:
+        lines = finished_count(run, ["pretok"])
+        if lines >= at_records:
+            below = descendants(proc.pid, processes())
+            seen = [f"{p.pid} {p.args[:80]}" for p in below]
+            target = next((p for p in below if SCHEDULER_TITLE in p.args), None)
+            if target is not None:
+                running = wait_decoding(below, target.pgid, want=in_flight)
+                os.kill(target.pid, signal.SIGSTOP)
+                at = time.time()
+                time.sleep(0.2)
+                state = processes().get(target.pid)
+                lines = finished_count(run, ["pretok"])
+                say(f"{lines} records, {running} requests running on the server: SIGSTOP to "
+                    f"SGLang's scheduler (pid {target.pid}, {target.args!r}, process group "
+                    f"{target.pgid}); state now {state.state if state else 'gone'}")
+                return Frozen(target.pid, target.pgid, target.args, at, lines,
+                              state.state if state else "gone", running), seen
+        time.sleep(0.2)
+    say(f"run ended before a scheduler was found; processes seen under it: {seen}")
+    return None, seen
+
+
+def wait_decoding(below: list[Proc], pgid: int, want: int, timeout: float = 30.0) -> float | None:
+    """Wait (at most `timeout` s) until the launched server's /metrics shows `want` requests
+    running, so that the scheduler stops mid-decode; the running gauge last read (None:
+    unread)."""
+    leader = next((p for p in below if p.pid == pgid), None)
+    port = re.search(r"--port (\d+)", leader.args) if leader else None
+    if port is None:
+        return None
+    url = f"http://127.0.0.1:{port.group(1)}"
+    running: float | None = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            running = read_metrics(url).snap.running
+            if (running or 0) >= want:
+                break
+        time.sleep(0.2)
+    return running
+
+
+def run_events(run: Path) -> list[dict[str, Any]]:
+    with contextlib.suppress(OSError, ValueError):
+        events = json.loads((run / "run.json").read_text()).get("events")
+        if isinstance(events, list):
+            return [e for e in events if isinstance(e, dict)]
+    return []
+
+
+def group_leftovers(groups: set[int], wait: float = 10.0) -> dict[int, list[str]]:
+    """Live processes left in each process group after at most `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        table = processes()
+        left = {g: [f"{p.pid} {p.state} {p.args[:60]}" for p in table.values()
+                    if p.pgid == g and p.state != "Z"] for g in groups}
+        left = {g: v for g, v in left.items() if v}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def pid_left(pid: int, pgid: int, wait: float = 10.0) -> Proc | None:
+    """The process `pid` of group `pgid` (a zombie too) if still there after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        still = processes().get(pid)
+        if still is None or still.pgid != pgid or time.monotonic() > deadline:
+            return still if still is not None and still.pgid == pgid else None
+        time.sleep(0.5)
+
+
+def check_unattended(ctx: Context, checks: Checks, run: Path, total: int, code: int,
+                     seconds: float, frozen: Frozen | None, seen: list[str],
+                     events: list[dict[str, Any]], groups: set[int]) -> None:
+    checks.add("exit", code == 0, f"workbench generate --launch exit {code} after {seconds:.0f} s")
+    if not checks.add("scheduler-stopped", frozen is not None and frozen.state == "T",
+                      f"SIGSTOP to {frozen.title!r} pid {frozen.pid} at {frozen.records} records "
+                      f"with {frozen.running} requests running, state {frozen.state} "
+                      f"(T: stopped)" if frozen else
+                      f"no process titled {SCHEDULER_TITLE!r} under the run; seen {seen}"):
+        return
+    assert frozen is not None
+    # --- events
+    kinds = [str(e.get("kind")) for e in events]
+
+    def at(kind: str) -> list[int]:
+        return [i for i, k in enumerate(kinds) if k == kind]
+
+    stalled, restarting, restarted = at("stalled"), at("server_restarting"), at("server_restarted")
+    ordered = (len(stalled) == 1 and len(restarting) == 1 and len(restarted) == 1
+               and stalled[0] < restarting[0] < restarted[0]
+               and events[restarting[0]].get("reason") == "stalled"
+               and float(events[stalled[0]].get("ts", 0)) >= frozen.at)
+
+    def after_stop(index: list[int]) -> float | None:
+        return round(float(events[index[0]]["ts"]) - frozen.at, 1) if index else None
+
+    to_stalled, to_restarting, to_restarted = (after_stop(stalled), after_stop(restarting),
+                                               after_stop(restarted))
+    message = events[stalled[0]].get("message") if stalled else None
+    reason = events[restarting[0]].get("reason") if restarting else None
+    checks.add("events", ordered and "server_gave_up" not in kinds,
+               f"events {kinds}; from the SIGSTOP: stalled after {to_stalled} s "
+               f"(--stall-timeout {ctx.args.unattended_stall_timeout:g}), restarting after "
+               f"{to_restarting} s (reason {reason}), restarted after {to_restarted} s; "
+               f"stalled: {message!r}",
+               kinds=kinds, to_stalled=to_stalled, to_restarting=to_restarting,
+               to_restarted=to_restarted)
+    # --- every sample once
+    files = read_run(run, ["pretok"])["pretok"]
+    ids = [r.sample_id for r in files.records]
+    expected = {json.loads(line)["sample_id"]
+                for line in (run.parent / "pretok.jsonl").read_text().splitlines()}
+    failed = {e["sample_id"] for e in files.errors} - set(ids)
+    covered = set(ids) | failed
+    dupes, missing, extra = len(ids) - len(set(ids)), expected - covered, covered - expected
+    checks.add("every-sample-once",
+               not dupes and not missing and not extra and len(ids) + len(failed) == total,
+               f"{len(ids)} records + {len(failed)} failed ids = {len(ids) + len(failed)} of "
+               f"{total} prompts; {dupes} duplicate records, {len(missing)} missing, "
+               f"{len(extra)} unknown ids; unfinished lines {files.unfinished}; error lines "
+               f"{len(files.errors)}", records=len(ids), failed=len(failed), duplicates=dupes)
+    # --- nothing left running or stopped
+    left = group_leftovers(groups)
+    still = pid_left(frozen.pid, frozen.pgid)
+    checks.add("no-process-left", still is None and not left,
+               f"stopped scheduler pid {frozen.pid} "
+               + ("gone" if still is None else f"still there ({still.state} {still.args[:60]!r})")
+               + f"; the run's server process groups {sorted(groups)}: "
+               + (f"left {left}" if left else "none left"))
+    # --- the server log
+    log = run / SERVER_LOG
+    text = log.read_text(errors="replace") if log.exists() else ""
+    starts = text.count(START_HEADER)
+    checks.add("server-log", starts == 2,
+               f"{log}: {starts} start headers ({START_HEADER.strip()!r}; want 2: the first start "
+               f"and the restart)")
+    say(f"figures: SIGSTOP at {frozen.records} records, {frozen.running} running; stalled +{to_stalled} s, restarting "
+        f"+{to_restarting} s, restarted +{to_restarted} s; {len(ids)} records of {total}; "
+        f"{len(restarting)} restart(s); run {seconds:.0f} s")
+    checks.note(run_dir=str(run), records=len(ids), prompts=total, restarts=len(restarting),
+                to_stalled_s=to_stalled, to_restarting_s=to_restarting,
+                to_restarted_s=to_restarted, run_seconds=round(seconds, 1), events=kinds)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1132,6 +1448,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-resume", action="store_true", help="resume the sweep in OUT/tune")
     p.add_argument("--fit-configs", default="default,pool8k,mrr16",
                    help="configurations `tune fit` fits on; the other ok ones are held out")
+    p.add_argument("--unattended-prompts", type=int, default=60,
+                   help="prompts of step 6 (128 new tokens each, 8 in flight)")
+    p.add_argument("--unattended-stall-timeout", type=float, default=30.0,
+                   help="--stall-timeout of step 6's run, seconds (well above the time a "
+                        "prefill plus 50 tokens take here)")
     p.add_argument("--fit-goal", type=float, default=15.0,
                    help="largest |error| %% of a held-out point's predicted output tok/s")
     return p
@@ -1155,7 +1476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     say(f"steps {steps}; out {out}; sglang {args.sglang_python}; model {args.model}")
     functions = {"generate": step_generate, "auto": step_auto, "watch": step_watch,
-                 "tune": step_tune, "fit": step_fit}
+                 "tune": step_tune, "fit": step_fit, "unattended": step_unattended}
     for name in steps:
         with step(name, checks):
             functions[name](ctx, checks)

@@ -60,6 +60,9 @@ def test_a_server_that_dies_is_restarted_and_the_run_completes(tmp_path: Path) -
     log = (out / "server.log").read_text()
     assert log.count("workbench: start ") == kinds.count("server_started")
     assert "restarting the server (exited; restart 1 of 8" in done.stdout + done.stderr
+    said = (done.stdout + done.stderr).splitlines()
+    assert sum(line.startswith("server ready at ") for line in said) == kinds.count(
+        "server_started")  # each start said once
 
 
 def test_a_stalled_server_is_restarted_and_the_run_completes(tmp_path: Path) -> None:

@@ -280,11 +280,13 @@ class Runner:
         if self._gate is not None and not self._gate.is_open:
             self._gate.release()
 
-    def add_event(self, event: dict[str, Any]) -> None:
-        """An event (``{"ts", "kind", "message", ...figures}``): said, kept in run.json's
-        events (written now when the run is open, else when it opens)."""
+    def add_event(self, event: dict[str, Any], *, said: bool = False) -> None:
+        """An event (``{"ts", "kind", "message", ...figures}``): said (unless it was
+        already), kept in run.json's events (written now when the run is open, else when it
+        opens)."""
         self.events.append(event)
-        self.on_event(event["message"])
+        if not said:
+            self.on_event(event["message"])
         if self._server is not None:
             self._update_manifest()
 

@@ -70,7 +70,7 @@ class LaunchedServer:
         """Report to `runner` from now on (the events so far go to it first)."""
         self.runner = runner
         for event in self._early:
-            runner.add_event(event)
+            runner.add_event(event, said=True)
         self._early.clear()
 
     def on_watchdog(self, detection: Detection) -> None:
