@@ -74,10 +74,10 @@ async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, 
 
 async def serving_gpus(client: SGLangClient, server_info: Mapping[str, Any]) -> int | None:
     """The GPUs behind `client`: its /server_info's count, or for an sglang-router (whose
-    /server_info names no parallelism) the first worker's count times the workers; None when
-    no server says."""
+    /server_info names no parallelism, only `workers_count`) the first worker's count times
+    the workers; None when no server says."""
     gpus = gpu_count(server_info)
-    if gpus is not None:
+    if gpus is not None or "workers_count" not in server_info:
         return gpus
     try:
         workers = await client.workers()
