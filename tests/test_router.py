@@ -174,7 +174,7 @@ def test_one_hung_worker_behind_the_router_is_told(
     assert event["message"].startswith(f"worker {hung.url} stalled: no token generated for ")
     assert event["message"] in stdout.splitlines()
     assert counter(working.url) > counter(hung.url) > 0  # both served; the working one goes on
-    assert re.search(r"^cost: \d+s x 2 GPUs = ", stdout, re.M), stdout  # tp 1 x 2 workers
+    assert re.search(r"^cost: \d+s x 2 GPUs = ", stdout, re.MULTILINE), stdout  # tp 1 x 2 workers
     ids, duplicates = read_sample_ids(out / "ids" / "raw_responses.jsonl")
     assert ids and duplicates == []
 

@@ -309,3 +309,19 @@ async def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends()
                     assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
             tasks.cancel_scope.cancel()
     assert accepted == 2  # the quick second request reused the connection, the late one did not
+
+
+def test_the_chosen_tokens_logprobs_are_read_when_asked_for() -> None:
+    from workbench.errors import ProtocolError
+    from workbench.server.client import parse_generate_reply
+
+    meta = {"prompt_tokens": 3, "completion_tokens": 2,
+            "finish_reason": {"type": "length"}, "e2e_latency": 0.1}
+    plain = parse_generate_reply({"output_ids": [5, 6], "meta_info": meta}, "u", elapsed=0.1)
+    assert plain.output_logprobs is None
+    with_logprobs = {"output_ids": [5, 6], "meta_info": {
+        **meta, "output_token_logprobs": [[-0.5, 5, None], [-1.25, 6, "x"]]}}
+    assert parse_generate_reply(with_logprobs, "u", elapsed=0.1).output_logprobs == [-0.5, -1.25]
+    bad = {"output_ids": [5], "meta_info": {**meta, "output_token_logprobs": [["x", 5, None]]}}
+    with pytest.raises(ProtocolError, match="output_token_logprobs are not"):
+        parse_generate_reply(bad, "u", elapsed=0.1)

@@ -68,6 +68,7 @@ def sim_params(configs: list[dict[str, Any]], *, speed: float = 3.0, **load: Any
                              "prefix_groups": 8},
                  "sample_interval": 0.5, **load},
         "projection": {"remaining_tokens": 10_000_000},
+        "fidelity": {"prompts": 0},  # its own test below
     }
 
 

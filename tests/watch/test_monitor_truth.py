@@ -306,8 +306,8 @@ def test_prompts_cut_by_the_server_are_an_alert_per_dataset_in_any_session(
     (tmp_path / "run.json").write_text(json.dumps(manifest))
     state = state_at(tmp_path)
     assert [str(a) for a in state.alerts] == [
-        f"ALERT {RUNNING}: prompt_mismatch 50.0m ago: {RUNNING}: prompt_tokens differ in 4 "
-        "replies"]
+        (f"ALERT {RUNNING}: prompt_mismatch 50.0m ago: {RUNNING}: prompt_tokens differ in 4 "
+         "replies")]
     assert any(line.startswith(f"ALERT {RUNNING}: prompt_mismatch")
                for line in render_frame(state, 80).splitlines())
 

@@ -95,6 +95,8 @@ class MetaInfo(msgspec.Struct):
     e2e_latency: float | None = None
     id: str | None = None
     num_retractions: int | None = None
+    # `[logprob, token_id, text or null]` per output token, with return_logprob
+    output_token_logprobs: list[list[Any]] | None = None
 
 
 class Reply(msgspec.Struct):
@@ -122,6 +124,7 @@ class GenerateResult:
     e2e_latency: float
     text: str | None = None
     num_retractions: int | None = None  # when the server sends it (SGLang >= 0.5)
+    output_logprobs: list[float] | None = None  # the chosen tokens' (with return_logprob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +312,19 @@ def _result_from_reply(reply: Reply, url: str, elapsed: float) -> GenerateResult
         e2e_latency=meta.e2e_latency if meta.e2e_latency is not None else elapsed,
         text=reply.text,
         num_retractions=meta.num_retractions,
+        output_logprobs=_chosen_logprobs(meta.output_token_logprobs, url),
     )
+
+
+def _chosen_logprobs(entries: list[list[Any]] | None, url: str) -> list[float] | None:
+    """The logprob of each `[logprob, token_id, text]` entry; ProtocolError for another shape."""
+    if entries is None:
+        return None
+    try:
+        return [float(entry[0]) for entry in entries]
+    except (TypeError, ValueError, IndexError):
+        raise ProtocolError("reply's output_token_logprobs are not [logprob, token_id, text] "
+                            "entries", url) from None
 
 
 def check_reply(result: GenerateResult, vocab_size: int | None, url: str) -> None:

@@ -71,6 +71,16 @@ class PrefixCache:
                 break
         return hit
 
+    def reads_host(self, hashes: list[int]) -> bool:
+        """Whether the cached prefix of a prompt would be read back from the host tier (no
+        block moves)."""
+        for key in hashes:
+            if key in self._host:
+                return True
+            if key not in self._device:
+                return False
+        return False
+
     def insert(self, hashes: list[int]) -> None:
         """Record a prefilled prompt's blocks as the most recently used."""
         for key in hashes:

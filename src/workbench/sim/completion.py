@@ -26,6 +26,7 @@ import zlib
 from typing import Any, Literal, NamedTuple
 
 from workbench.profiles import ModelProfile
+from workbench.sim.drift import perturbed
 from workbench.sim.outputs import PlannedOutput, render_text
 from workbench.sim.sampling import Sampling
 
@@ -160,8 +161,10 @@ def _logprob(position: int, token: int) -> float:
     return -round(4.0 * unit**3 + 1e-4, 6)
 
 
-def _entry(position: int, token: int, model: ModelProfile, text: bool) -> list[Any]:
-    return [_logprob(position, token), token, render_text([token], model) if text else None]
+def _entry(position: int, token: int, model: ModelProfile, text: bool,
+           noise: float = 0.0) -> list[Any]:
+    logprob = perturbed(_logprob(position, token), position, token, noise)
+    return [logprob, token, render_text([token], model) if text else None]
 
 
 def _top(position: int, token: int, count: int, model: ModelProfile, text: bool) -> list[Any]:
@@ -185,10 +188,12 @@ class LogprobRequest(NamedTuple):
 
 
 def logprob_fields(
-    request: LogprobRequest, input_ids: list[int], output_ids: list[int], model: ModelProfile
+    request: LogprobRequest, input_ids: list[int], output_ids: list[int], model: ModelProfile,
+    *, noise: float = 0.0,
 ) -> dict[str, Any]:
     """meta_info's logprob keys (tokenizer_manager `add_logprob_to_meta_info`): entries are
-    `[logprob, token_id, text or null]`; the first prompt token has no logprob."""
+    `[logprob, token_id, text or null]`; the first prompt token has no logprob; the output's
+    move by up to `noise` (fp8 KV, `workbench.sim.drift.perturbed`)."""
     start = len(input_ids) if request.start < 0 else request.start
     positions = range(start, len(input_ids))
     inputs = [
@@ -199,7 +204,8 @@ def logprob_fields(
     ]
     offset = len(input_ids)
     outputs = [
-        _entry(offset + index, token, model, request.text) for index, token in enumerate(output_ids)
+        _entry(offset + index, token, model, request.text, noise)
+        for index, token in enumerate(output_ids)
     ]
     fields: dict[str, Any] = {
         "input_token_logprobs": inputs,

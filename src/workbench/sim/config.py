@@ -38,6 +38,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"
     enable_hierarchical_cache: bool = False
+    enable_deterministic_inference: bool = False
     hicache_size: float = 0.0
     hicache_ratio: float = 2.0
     max_running_requests: int | None = None
@@ -61,6 +62,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     fault_hang_rate: float = 0.0
     fault_abort_rate: float = 0.0
     fault_truncate_rate: float = 0.0
+    fault_hicache_corrupt_rate: float = 0.0
     fault_stall_after: float | None = None
     fault_stall_for: float | None = None
     fault_decay_after: float | None = None
@@ -102,6 +104,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("decode_log_interval", _positive, "must be at least 1"),
     ("stream_interval", _positive, "must be at least 1"),
     ("fault_truncate_rate", lambda value: 0.0 <= value <= 1.0, "must be in [0, 1]"),
+    ("fault_hicache_corrupt_rate", lambda value: 0.0 <= value <= 1.0, "must be in [0, 1]"),
     ("fault_stall_after", _non_negative, "must be >= 0 (server seconds)"),
     ("fault_stall_for", _positive, "must be positive (server seconds)"),
     ("fault_decay_after", _non_negative, "must be >= 0 (server seconds)"),
@@ -291,6 +294,12 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         help="data parallel replicas, each with its own KV pool",
     )
     add(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="batch-invariant kernels: temperature 0 gives the same reply whatever the batch, "
+        "each step slower (the profile's deterministic_step_factor)",
+    )
+    add(
         "--allow-auto-truncate",
         action="store_true",
         help="cut an over-long input (keeping its start) instead of answering 400; "
@@ -360,6 +369,13 @@ def _add_fault_arguments(group: argparse._ArgumentGroup) -> None:
         default=0.0,
         help="share of prompts (of 2+ tokens) silently cut to their first half; "
         "meta_info.prompt_tokens is the cut length",
+    )
+    add(
+        "--fault-hicache-corrupt-rate",
+        type=_rate,
+        default=0.0,
+        help="share of prompts whose prefix, read back from the hierarchical cache's host "
+        "tier, is corrupted: their reply differs from the first token on",
     )
     add(
         "--fault-stall-after",

@@ -33,6 +33,7 @@ Step time (`step_seconds`, model time; the server divides it by --speed)
                + step_per_req_ms * running * dtype_factor     (fp8 KV: slower attention kernels)
                + prefill_ms_per_token * prefilled_tokens      (newly admitted, not cached)
                + host_load_ms_per_token * host_loaded_tokens) (prefix hits read back from host)
+              * deterministic_step_factor                     (--enable-deterministic-inference)
               / 1000
     Kimi: 25 ms + 0.4 ms per running request.
 
@@ -77,6 +78,25 @@ medians and sigmas; `unclosed_rate` of the samples reason until max_new_tokens.
 
 Prefix cache: with `--disable-radix-cache` nothing is cached: every prompt is prefilled whole
 and the cache hit rate is 0 (the hierarchical cache has nothing to keep either).
+
+Output fidelity (`Fidelity`, `flip_position`): at temperature 0 a reply is the same for the
+same prompt, unless a token flips. A flip at position L (0-based, in the output) changes every
+content id from L on (another run of the text; special ids stay where they were), and a reply
+flips at most once, at the earliest of:
+    fp8 KV (fp8_e4m3 / fp8_e5m2, no calibrated scales): P(flipped by L) = 1 - exp(-fp8_flip_rate
+        * (L / 1000)^2), drawn per prompt (the same prompt flips at the same place on every
+        fp8 server); and the chosen tokens' logprobs move by up to +-fp8_logprob_noise.
+    batch dependence (bf16 kernels are not batch-invariant): the same law with batch_flip_rate,
+        drawn per prompt and batch size at its arrival (requests running and waiting on its
+        rank), so two runs whose batches differ part on some prompts: the noise floor.
+        --enable-deterministic-inference turns it off and multiplies the step time by
+        deterministic_step_factor.
+    a corrupted prefix (fault_hicache_corrupt_rate, hierarchical cache only): a prompt whose
+        prefix is read back from the host tier flips at 0 with that probability.
+The hazard grows with the position (quantization error accumulates over the context). With
+the defaults, an fp8 reply has flipped by token 256 with probability 1 - e^-0.13 (12%), by
+512 with 1 - e^-0.52 (41%), by 1,000 with 86%; the batch noise by 512 with 1.3%, by 1,000
+with 5%.
 
 Profiles from a file (`load_sim_profile`, `get_sim_profile("path.yaml")`): a YAML mapping with
 every SimProfile field (`output` a mapping of OutputShape's); unknown or missing keys and
@@ -125,6 +145,8 @@ the context held (attention): within one load shape both are folded into the con
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -185,6 +207,25 @@ class OutputShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     unclosed_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.02
 
 
+class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How replies drift at temperature 0 (module docstring, "Output fidelity")."""
+
+    fp8_flip_rate: NonNegative = 2.0
+    fp8_logprob_noise: NonNegative = 0.03
+    batch_flip_rate: NonNegative = 0.05
+    deterministic_step_factor: Positive = 1.3
+
+
+def flip_position(key: bytes, rate: float) -> float:
+    """Where a reply keyed `key` flips under `rate` (module docstring): the position L with
+    1 - exp(-rate * (L / 1000)^2) = u, u drawn from `key`; inf when `rate` is 0."""
+    if rate <= 0:
+        return math.inf
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    u = int.from_bytes(digest, "little") / 2**64
+    return 1000.0 * math.sqrt(-math.log1p(-u) / rate)
+
+
 class SimProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One GPU/model pair: memory sizes, KV cost, step-time constants and output lengths."""
 
@@ -205,6 +246,7 @@ class SimProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefill_ms_per_token: NonNegative
     host_load_ms_per_token: NonNegative
     output: OutputShape
+    fidelity: Fidelity = Fidelity()
 
 
 class Sizing(msgspec.Struct, frozen=True):
@@ -394,8 +436,11 @@ def step_seconds(
     running: int,
     prefilled_tokens: int,
     host_loaded_tokens: int,
+    *,
+    deterministic: bool = False,
 ) -> float:
-    """Model time of one scheduler step (prefill of new requests plus one decode token each)."""
+    """Model time of one scheduler step (prefill of new requests plus one decode token each);
+    batch-invariant kernels (`deterministic`) cost `fidelity.deterministic_step_factor`."""
     dtype_factor = profile.fp8_step_factor if kv_dtype in _FP8 else 1.0
     ms = (
         profile.step_base_ms
@@ -403,6 +448,8 @@ def step_seconds(
         + profile.prefill_ms_per_token * prefilled_tokens
         + profile.host_load_ms_per_token * host_loaded_tokens
     )
+    if deterministic:
+        ms *= profile.fidelity.deterministic_step_factor
     return ms / 1000.0
 
 

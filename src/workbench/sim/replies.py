@@ -36,6 +36,7 @@ class ReplyOptions(NamedTuple):
     enable_metrics: bool
     hierarchical_cache: bool
     data_parallel: bool
+    logprob_noise: float = 0.0  # fp8 KV: the chosen tokens' logprobs move by up to this
 
 
 def _realtime(perf: float) -> float:
@@ -73,7 +74,8 @@ def generate_reply(job: Job, options: ReplyOptions, e2e_latency: float | None) -
         "num_retractions": request.retractions,
     }
     if job.item.logprob is not None:
-        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model))
+        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model,
+                                   noise=options.logprob_noise))
     reasoning = job.reasoning_length
     meta["reasoning_tokens"] = reasoning if reasoning and reasoning <= len(ids) else 0
     meta["completion_tokens"] = len(ids)
@@ -105,7 +107,8 @@ def _queue_abort_reply(
     if e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency
     if job.item.logprob is not None:
-        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model))
+        meta.update(logprob_fields(job.item.logprob, job.item.input_ids, ids, options.model,
+                                   noise=options.logprob_noise))
     meta["completion_tokens"] = len(ids)
     text = _text(job, ids, finish, options)
     return {"text": text, "output_ids": ids[-1:] if job.request.stream else ids, "meta_info": meta}

@@ -32,11 +32,17 @@ from workbench.resources import data_dir
 from workbench.sim.cache import block_hashes
 from workbench.sim.completion import complete, reasoning_length
 from workbench.sim.config import SimConfig
+from workbench.sim.drift import DriftSettings, diverge, flip_at
 from workbench.sim.engine import Engine, EngineLoop, Request
 from workbench.sim.faults import FaultPlan, TimedFaults, TruncationPlan
 from workbench.sim.job import Job
 from workbench.sim.metrics import SimMetrics
-from workbench.sim.outputs import fixed_output, output_seed, plan_output, render_text
+from workbench.sim.outputs import (
+    fixed_output,
+    output_seed,
+    plan_output,
+    render_text,
+)
 from workbench.sim.profiles import GB, get_sim_profile, plan_sizing, step_seconds
 from workbench.sim.protocol import GenerateItem, Limits, abort_reason
 from workbench.sim.replies import ReplyOptions, generate_reply
@@ -115,11 +121,18 @@ class SimServer:
         self.created = int(time.time())
         self.startup_time = time.time()
         self.launch_command = shlex.join(_without_api_key(sys.argv))
+        self.drift = DriftSettings(
+            fp8=self.sizing.kv_cache_dtype.startswith("fp8"),
+            deterministic=config.enable_deterministic_inference,
+            corrupt_rate=config.fault_hicache_corrupt_rate,
+            fault_seed=config.fault_seed,
+        )
         self.reply_options = ReplyOptions(
             self.model,
             config.enable_metrics,
             config.enable_hierarchical_cache,
             config.dp_size > 1,
+            logprob_noise=self.profile.fidelity.fp8_logprob_noise if self.drift.fp8 else 0.0,
         )
         self._ranks = itertools.cycle(enumerate(self.loops))
         self._live: set[Job] = set()  # unfinished jobs, health checks left out
@@ -138,7 +151,8 @@ class SimServer:
             log = partial(_tagged, log, f"[DP{rank}] ")
         return Engine(
             self.sizing,
-            partial(step_seconds, self.profile, self.sizing.kv_cache_dtype),
+            partial(step_seconds, self.profile, self.sizing.kv_cache_dtype,
+                    deterministic=self.config.enable_deterministic_inference),
             observer=self.metrics,
             log=log,
             log_interval=self.config.decode_log_interval,
@@ -175,17 +189,21 @@ class SimServer:
             sampling.top_k,
             0 if sampling.greedy else item.sample,
         )
+        rank, loop = next(self._ranks)
+        hashes = block_hashes(item.input_ids)
         plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens)
         completion = complete(plan, sampling, self.model, seed)
+        if sampling.greedy and not health:
+            completion = completion._replace(
+                output_ids=self._drifted(completion.output_ids, seed, loop.engine, hashes))
         request = Request(
             len(item.input_ids),
             completion.output_ids,
             sampling.max_new_tokens,
-            hashes=block_hashes(item.input_ids),
+            hashes=hashes,
             stream=stream,
             health=health,
         )
-        rank, loop = next(self._ranks)
         job = Job(item, completion, request, loop.engine, rank)
         job.reasoning_length = reasoning_length(completion.output_ids, self.model)
         request.on_update = partial(self._updated, job, on_update)
@@ -193,6 +211,13 @@ class SimServer:
             self._live.add(job)
         loop.submit(request)
         return job
+
+    def _drifted(self, ids: list[int], seed: int, engine: Engine, hashes: list[int]) -> list[int]:
+        """A greedy reply's ids as this server's numerics leave them (`workbench.sim.drift`)."""
+        batch = len(engine.running) + len(engine.waiting)
+        host_hit = self.config.enable_hierarchical_cache and engine.cache.reads_host(hashes)
+        at = flip_at(self.profile.fidelity, self.drift, seed, batch=batch, host_hit=host_hit)
+        return ids if at is None else diverge(ids, at, self.model, seed)
 
     def truncated(self, item: GenerateItem) -> GenerateItem:
         """The sequence as the truncation fault leaves it: its first half, when drawn."""

@@ -110,6 +110,7 @@ from workbench.tune.parameters import (
 from workbench.tune.recommendation import (
     ConfigChoice,
     Recommendation,
+    fidelity_frame,
     format_gpu_hours,
     format_gpus,
     format_hours,
@@ -160,6 +161,7 @@ __all__ = [
     "curves_frame",
     "default_out",
     "expand_grid",
+    "fidelity_frame",
     "format_commands",
     "format_gpu_hours",
     "format_gpus",

@@ -39,6 +39,15 @@ from workbench.tune.parameters import (
     load_tuning_params,
     plan_commands,
 )
+from workbench.tune.probe import (
+    PROBE_AGAIN_FILE,
+    PROBE_FILE,
+    probe_set,
+    run_probe,
+    sweep_fidelity,
+    with_fidelity,
+    write_probe,
+)
 from workbench.tune.recommendation import format_results_table, recommend_sweep
 from workbench.tune.results import (
     RESULTS_FILE,
@@ -99,6 +108,11 @@ class _Sweep:
     configs: list[ConfigPlan] = field(default_factory=list)
     points: dict[str, list[PointPlan]] = field(default_factory=dict)
 
+    @property
+    def baseline(self) -> str | None:
+        """The configuration the others are compared with (grid.baseline, else the first)."""
+        return self.params.grid.baseline or (self.configs[0].name if self.configs else None)
+
     def finish_point(self, plan: PointPlan, result: PointResult) -> None:
         result.within_limits = not violations(result, self.params.limits) if result.ok else None
         _write_json(plan.result_path, result)
@@ -113,6 +127,8 @@ class _Sweep:
         for result in results:
             result.within_limits = (not violations(result, self.params.limits)
                                     if result.ok else None)
+        with_fidelity(results, sweep_fidelity(self.out, [c.name for c in self.configs],
+                                               self.baseline))
         self.summary.results = results
         write_results_csv(self.out, results)
 
@@ -195,30 +211,86 @@ def _jsonable(value: Any) -> Any:
 
 
 async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan]) -> None:
-    """Launch the configuration's server, run its pending points, stop the server."""
+    """Launch the configuration's server, run its pending points and probe it, stop the
+    server; the baseline is started once more for its second probe (its noise floor)."""
+    folder = run.out / config.name
+    started = await _started(run, config, folder / SERVER_LOG)
+    if isinstance(started, str):
+        _fail_points(run, config, pending, started)
+        return
+    server, port = started
+    _write_json(folder / "config.json", {
+        "name": config.name, "args": redact(config.args), "env": sorted(config.env),
+        "command": command_line(redact_argv(server.argv)), "ignored": server.ignored,
+        "url": server.process.url, "pid": server.process.pid, "started": time.time()})
+    try:
+        await _serve_points(run, config, pending, server.process)
+    finally:
+        _stop(run, server.process, port)
+    if config.name == run.baseline and _wants_probe(run, folder / PROBE_AGAIN_FILE):
+        await _probe_again(run, config, folder)
+
+
+@dataclass(slots=True)
+class _Started:
+    process: ServerProcess
+    argv: list[str]
+    ignored: list[str]
+
+
+async def _started(run: _Sweep, config: ConfigPlan,
+                   log: Path) -> tuple[_Started, int] | str:
+    """The configuration's server started (not yet ready) and its port, or why it failed."""
     params = run.params
     port = params.server.port or find_free_port(params.server.host)
     command = config_command(params.server, config, port)
-    folder = run.out / config.name
     server = ServerProcess(command.argv, url=f"http://{url_host(params.server.host)}:{port}",
-                           log_path=folder / SERVER_LOG, env=command.env,
-                           health_path=params.server.health_paths)
+                           log_path=log, env=command.env, health_path=params.server.health_paths)
     run.say(f"{config.name}: starting {command_line(redact_argv(command.argv))}")
     try:
         server.start()
     except LaunchError as exc:
-        _fail_points(run, config, pending, str(exc))
+        return str(exc)
+    return _Started(server, list(command.argv), list(command.ignored)), port
+
+
+def _stop(run: _Sweep, server: ServerProcess, port: int) -> None:
+    server.stop(run.params.server.stop_grace)
+    with contextlib.suppress(LaunchError):
+        server.wait_port_free(port, run.params.server.host)
+
+
+def _wants_probe(run: _Sweep, path: Path) -> bool:
+    return run.params.fidelity.prompts > 0 and not path.exists()
+
+
+async def _probe(run: _Sweep, config: ConfigPlan, client: SGLangClient, path: Path) -> None:
+    """The fidelity probe against a ready server, written to `path` (a probe that fails
+    outright is said and left out: the configuration then has no drift figures)."""
+    fidelity = run.params.fidelity
+    lines, seconds = await run_probe(client, probe_set(run.prompts, fidelity), fidelity)
+    write_probe(path, lines)
+    failed = sum(line.error is not None for line in lines)
+    run.say(f"{config.name}: fidelity probe of {len(lines)} prompts in {seconds:.0f} s"
+            + (f" ({failed} failed)" if failed else "") + f" -> {path.name}")
+
+
+async def _probe_again(run: _Sweep, config: ConfigPlan, folder: Path) -> None:
+    """The baseline restarted and probed a second time (its noise floor)."""
+    started = await _started(run, config, folder / f"again-{SERVER_LOG}")
+    if isinstance(started, str):
+        run.say(f"{config.name}: no second probe: {started}")
         return
-    _write_json(folder / "config.json", {
-        "name": config.name, "args": redact(config.args), "env": sorted(config.env),
-        "command": command_line(redact_argv(command.argv)), "ignored": command.ignored,
-        "url": server.url, "pid": server.pid, "started": time.time()})
+    server, port = started
     try:
-        await _serve_points(run, config, pending, server)
+        await server.process.wait_ready_async(run.params.server.startup_timeout)
+        async with SGLangClient(server.process.url, api_key=_api_key(config.args),
+                                timeout=_client_timeout(run.params)) as client:
+            await _probe(run, config, client, folder / PROBE_AGAIN_FILE)
+    except (LaunchError, RequestFailed) as exc:
+        run.say(f"{config.name}: no second probe: {exc}")
     finally:
-        server.stop(params.server.stop_grace)
-        with contextlib.suppress(LaunchError):
-            server.wait_port_free(port, params.server.host)
+        _stop(run, server.process, port)
 
 
 async def _serve_points(run: _Sweep, config: ConfigPlan, pending: list[PointPlan],
@@ -244,6 +316,9 @@ async def _serve_points(run: _Sweep, config: ConfigPlan, pending: list[PointPlan
             if crash is not None:
                 _fail_points(run, config, pending[index + 1:], f"not run: {crash}")
                 return
+        probe = run.out / config.name / PROBE_FILE
+        if _wants_probe(run, probe):  # after the load: its caches as the job leaves them
+            await _probe(run, config, client, probe)
 
 
 def _api_key(args: Mapping[str, Any]) -> str | None:
@@ -396,7 +471,8 @@ def run_sweep_cli(
     root = Path(out) if out is not None else default_out(params_file)
     summary = asyncio.run(_interruptible(params, root, resume, say))
     say(format_results_table(summary.results))
-    say(recommend_sweep(root, results=summary.results).text)
+    for line in recommend_sweep(root, results=summary.results).lines:
+        say(line)
     say(f"results: {root / RESULTS_FILE}")
     return 130 if summary.interrupted else 0
 

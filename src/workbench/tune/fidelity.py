@@ -62,18 +62,6 @@ class Drift:
     def differing_share(self) -> float:
         return 1.0 - self.identical_share
 
-    def record(self) -> dict[str, float | int | None]:
-        """The figures as results.csv and sweep.json keep them."""
-        return {"probe_replies": self.replies,
-                "identical_share": round(self.identical_share, 4),
-                "first_divergence": _round(self.mean_first_divergence, 1),
-                "agreement": round(self.agreement, 4),
-                "logprob_diff": _round(self.logprob_diff, 5)}
-
-
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
-
 
 def compare(base: ProbeReply, other: ProbeReply) -> PairDrift:
     """The measures of `other` against `base` (module docstring)."""
@@ -118,16 +106,18 @@ def drift(base: Mapping[str, ProbeReply], other: Mapping[str, ProbeReply]) -> Dr
     )
 
 
-def verdict(name: str, measured: Drift, floor: Drift | None, threshold: float, *,
+def verdict(name: str, differing: float, floor: float | None, threshold: float, *,
             baseline: str, speedup: float | None = None,
             max_new_tokens: int | None = None) -> str | None:
-    """One line excluding `name` when its differing share is above the noise floor's (0
-    without one) by more than `threshold`, else None: `fp8_e4m3: 1.31x faster, 38% of
-    replies differ from bf16 before token 400 (noise floor 2%): excluded`."""
-    noise = floor.differing_share if floor is not None else 0.0
-    if measured.differing_share - noise <= threshold:
+    """One line excluding `name` when its share of replies `differing` from the baseline's is
+    above the noise floor's (`floor`, the baseline's against itself; 0 without one) by more
+    than `threshold`, else None: `fp8_e4m3: 1.31x faster, 38% of replies differ from bf16
+    before token 400 (noise floor 2%): excluded`."""
+    noise = floor if floor is not None else 0.0
+    if differing - noise <= threshold:
         return None
-    faster = f"{speedup:.2f}x faster, " if speedup is not None else ""
+    faster = ("" if speedup is None else
+              f"{speedup:.2f}x {'faster' if speedup >= 1 else 'as fast'}, ")
     before = f" before token {max_new_tokens}" if max_new_tokens is not None else ""
-    return (f"{name}: {faster}{measured.differing_share:.0%} of replies differ from {baseline}"
-            f"{before} (noise floor {noise:.0%}): excluded")
+    return (f"{name}: {faster}{differing:.0%} of replies differ from {baseline}{before} "
+            f"(noise floor {noise:.0%}): excluded")

@@ -52,6 +52,12 @@ class PointResult(msgspec.Struct, kw_only=True):
     kv_cache_dtype: str | None = None
     gpus: int | None = None  # GPUs of the server (tp x pp x dp, from /server_info)
     within_limits: bool | None = None
+    # the configuration's fidelity probe against the baseline's (workbench.tune.fidelity)
+    identical_share: float | None = None
+    first_divergence: float | None = None
+    agreement: float | None = None
+    logprob_diff: float | None = None
+    floor_identical_share: float | None = None  # the baseline against itself, restarted
     args: dict[str, Any] = {}
     finished_at: float = 0.0
 

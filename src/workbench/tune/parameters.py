@@ -37,6 +37,7 @@ from workbench.server.spec import (
 __all__ = [
     "Command",
     "ConfigPlan",
+    "FidelityParams",
     "GridParams",
     "LatencyLimits",
     "LoadParams",
@@ -146,6 +147,20 @@ class ProjectionParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     gpus: Positive | None = None  # GPUs of the job's server (default: from /server_info)
 
 
+class FidelityParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fidelity probe (`workbench.tune.fidelity`): `prompts` of the load's prompts (a
+    seeded draw; 0: no probe) sent at temperature 0 with logprobs to every configuration,
+    `concurrency` at a time, after its points; the baseline is probed again after a restart
+    (its noise floor). A configuration whose share of replies differing from the baseline's
+    is above the floor's by more than `threshold` is never recommended."""
+
+    prompts: NonNegative = 32
+    max_new_tokens: Positive = 512
+    concurrency: Positive = 32
+    threshold: Fraction = 0.05
+    seed: int = 0
+
+
 class TuningParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A tuning parameter file."""
 
@@ -155,6 +170,7 @@ class TuningParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     repeats: Positive = 1
     limits: LatencyLimits = msgspec.field(default_factory=LatencyLimits)
     projection: ProjectionParams = msgspec.field(default_factory=ProjectionParams)
+    fidelity: FidelityParams = msgspec.field(default_factory=FidelityParams)
     name: str = "sweep"
 
 

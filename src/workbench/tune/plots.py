@@ -26,6 +26,8 @@ from workbench.tune import format_gpu_hours, format_gpus, format_hours
 
 __all__ = [
     "capacity_figure",
+    "fidelity_figure",
+    "fidelity_view",
     "latency_figure",
     "points_view",
     "recommendation_view",
@@ -242,7 +244,8 @@ def recommendation_view(rec: Any) -> Rendered:
     for r in rec.rows:
         mark = " (recommended)" if r.config == rec.best else (
             " (baseline)" if r.config == rec.baseline else "")
-        limits = r.reason or ("; ".join(r.violations) if r.violations else "within")
+        limits = r.reason or r.excluded or ("; ".join(r.violations) if r.violations
+                                            else "within")
         rows.append([r.config + mark, _num(r.output_throughput, ",.0f"), _num(r.ratio, ".2f") + "x"
                      if r.ratio is not None else "-", _num(r.mean_running, ".1f"),
                      _num(r.max_total_num_tokens, ",.0f"), _num(r.ttft_p99_ms, ",.0f"),
@@ -251,7 +254,8 @@ def recommendation_view(rec: Any) -> Rendered:
                      "-" if r.gpu_hours is None else f"{format_gpu_hours(r.gpu_hours)} ({format_gpus(r.gpus)})",
                      limits])
         classes.append("sev-ok" if r.config == rec.best else (
-            "sev-error" if r.status != "ok" else ("sev-warning" if r.violations else "")))
+            "sev-error" if r.status != "ok" or r.excluded else (
+                "sev-warning" if r.violations else "")))
     caption = f'<div class="wb-note">at concurrency {_e(rec.concurrency)}</div>'
     return Rendered(f'<div class="wb-report">{banner}{caption}{_table(headers, rows, classes)}</div>',
                     rec.to_dict())
@@ -267,6 +271,61 @@ def points_view(frame: pd.DataFrame) -> Rendered:
              _num(r.cache_hit_rate, ".2f"), r.errors, "" if pd.isna(r.reason) else r.reason]
             for r in frame.itertuples()]
     classes = ["sev-error" if r.status != "ok" else "" for r in frame.itertuples()]
+    data = [{k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in row.items()}
+            for row in frame.astype({"config": str}).to_dict("records")]
+    return Rendered(f'<div class="wb-report">{_table(headers, rows, classes)}</div>', data)
+
+
+def fidelity_figure(frame: pd.DataFrame,
+                    title: str = "Output throughput against fidelity to the baseline") -> go.Figure:
+    """One point per probed configuration (fidelity_frame): x the share of its probe replies
+    identical to the baseline's, y its output tok/s; an excluded one is a red cross, the
+    noise floor and the exclusion line (floor - threshold) are dashed."""
+    if frame.empty:
+        return _empty(title, "no fidelity probe (fidelity.prompts 0, or not run yet)")
+    colors = _colors(frame)
+    fig = go.Figure()
+    for row in frame.itertuples():
+        excluded = isinstance(row.excluded, str)
+        fig.add_trace(go.Scatter(
+            x=[100 * row.identical_share], y=[row.output_throughput], name=str(row.config),
+            mode="markers+text", text=[str(row.config)], textposition="top center",
+            marker={"size": 13, "symbol": "x" if excluded else "circle",
+                    "color": FAILED_COLOR if excluded else colors[str(row.config)]},
+            customdata=[[_num(row.agreement, ".3f"), _num(row.first_divergence, ",.0f"),
+                         _num(row.logprob_diff, ".4f"), _e(row.excluded or "kept")]],
+            hovertemplate="%{text}: %{y:,.0f} tok/s, %{x:.0f}% identical<br>agreement "
+                          "%{customdata[0]}, first divergence %{customdata[1]}, logprob "
+                          "difference %{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
+    floor = frame["floor_identical_share"].dropna()
+    if not floor.empty:
+        at = 100 * float(floor.iloc[0])
+        line = at - 100 * float(frame["threshold"].iloc[0])
+        fig.add_vline(x=at, line_dash="dot", line_color="#607D8B",
+                      annotation_text="noise floor (baseline restarted)")
+        fig.add_vline(x=line, line_dash="dash", line_color=FAILED_COLOR,
+                      annotation_text="excluded left of here", annotation_position="bottom left")
+    fig.update_layout(title={"text": title}, showlegend=False,
+                      xaxis={"title": "probe replies identical to the baseline's (%)",
+                             "range": [-5, 105]},
+                      yaxis={"title": "output tok/s at the chosen concurrency",
+                             "rangemode": "tozero"})
+    return fig
+
+
+def fidelity_view(frame: pd.DataFrame) -> Rendered:
+    """The probe's figures per configuration (fidelity_frame), excluded ones marked."""
+    headers = ["configuration", "output tok/s", "identical", "mean first divergence",
+               "agreement", "logprob difference", "verdict"]
+    rows, classes = [], []
+    for r in frame.itertuples():
+        mark = " (baseline, restarted)" if r.baseline else ""
+        rows.append([f"{r.config}{mark}", _num(r.output_throughput, ",.0f"),
+                     _num(100 * r.identical_share, ".0f") + "%",
+                     _num(r.first_divergence, ",.0f"), _num(r.agreement, ".3f"),
+                     _num(r.logprob_diff, ".4f"),
+                     r.excluded if isinstance(r.excluded, str) else "within the noise floor"])
+        classes.append("sev-error" if isinstance(r.excluded, str) else "")
     data = [{k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in row.items()}
             for row in frame.astype({"config": str}).to_dict("records")]
     return Rendered(f'<div class="wb-report">{_table(headers, rows, classes)}</div>', data)

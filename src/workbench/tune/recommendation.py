@@ -15,13 +15,16 @@ from workbench.analyze.stats import collect_stats
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, InputError
 from workbench.text import format_gpu_hours, format_gpus, format_table
+from workbench.tune.fidelity import verdict
 from workbench.tune.measurement import PointResult, _rounded, violations
-from workbench.tune.parameters import LatencyLimits, ProjectionParams
+from workbench.tune.parameters import FidelityParams, LatencyLimits, ProjectionParams
+from workbench.tune.probe import sweep_fidelity, with_fidelity
 from workbench.tune.results import load_results, sweep_params
 
 __all__ = [
     "ConfigChoice",
     "Recommendation",
+    "fidelity_frame",
     "format_gpu_hours",
     "format_gpus",
     "format_hours",
@@ -117,13 +120,15 @@ class ConfigChoice:
     reason: str | None = None
     spread: float | None = None  # (max - min) / mean of the repeats' output tok/s
     gpus: int | None = None  # the server's GPUs (measured, or projection.gpus)
+    excluded: str | None = None  # why its replies drift too far from the baseline's
 
     @property
     def gpu_hours(self) -> float | None:
         return self.hours * self.gpus if self.hours is not None and self.gpus else None
     @property
     def eligible(self) -> bool:
-        return self.status == "ok" and not self.violations and self.output_throughput is not None
+        return (self.status == "ok" and not self.violations and self.excluded is None
+                and self.output_throughput is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,11 @@ class Recommendation:
     rows: tuple[ConfigChoice, ...]
     note: str | None = None
     auto: tuple[tuple[str, float], ...] = ()  # configuration, auto tok/s / best fixed tok/s
+
+    @property
+    def exclusions(self) -> list[str]:
+        """The configurations left out for their replies' drift, one line each."""
+        return [r.excluded for r in self.rows if r.excluded is not None]
 
     def row(self, name: str | None) -> ConfigChoice | None:
         return next((r for r in self.rows if r.config == name), None)
@@ -182,6 +192,11 @@ class Recommendation:
         return (f"{head}; job of {self.remaining_tokens:,} completion tokens{source}: "
                 f"{self.projection_text}")
 
+    @property
+    def lines(self) -> list[str]:
+        """`text`, then each configuration excluded for drift."""
+        return [self.text, *self.exclusions]
+
     def _spread_text(self, best: ConfigChoice) -> str:
         """How far repeats of the same point disagreed, and whether the win is inside that."""
         base = self.row(self.baseline)
@@ -198,7 +213,8 @@ class Recommendation:
         return {"best": self.best, "baseline": self.baseline, "concurrency": self.concurrency,
                 "remaining_tokens": self.remaining_tokens, "remaining_source": self.remaining_source,
                 "projection": self.projection_text, "text": self.text, "note": self.note,
-                "rows": [_choice_dict(r) for r in self.rows], "auto": dict(self.auto)}
+                "rows": [_choice_dict(r) for r in self.rows], "auto": dict(self.auto),
+                "exclusions": self.exclusions}
 
 
 def _choice_dict(row: ConfigChoice) -> dict[str, Any]:
@@ -249,23 +265,42 @@ def recommend(
     remaining_source: str = "",
     note: str | None = None,
     gpus: int | None = None,
+    fidelity: FidelityParams | None = None,
 ) -> Recommendation:
     """The best configuration within `limits` at `concurrency` (default: that of the best
     point within the limits), with each configuration's projected hours (and GPU-hours, on
     `gpus` GPUs, default each configuration's measured count) and its ratio to `baseline`
-    (default: the first configuration)."""
+    (default: the first configuration). With `fidelity`, a configuration whose probe replies
+    differ from the baseline's more than the noise floor plus `fidelity.threshold` is
+    excluded, with a line that says so."""
     limits = limits or LatencyLimits()
     configs = list(dict.fromkeys(r.config for r in results))
     baseline = baseline or (configs[0] if configs else None)
     chosen = concurrency if concurrency is not None else _best_concurrency(results, limits)
     rows = [_choice(c, chosen, [r for r in results if r.config == c and r.concurrency == chosen],
                     limits) for c in configs]
-    eligible = [r for r in rows if r.eligible]
-    best = max(eligible, key=lambda r: r.output_throughput or 0.0).config if eligible else None
     base_tok = next((r.output_throughput for r in rows if r.config == baseline), None)
     rows = [_with_projection(r, remaining_tokens, base_tok, gpus) for r in rows]
+    if fidelity is not None and baseline is not None:
+        rows = [_with_verdict(r, results, baseline, fidelity) for r in rows]
+    eligible = [r for r in rows if r.eligible]
+    best = max(eligible, key=lambda r: r.output_throughput or 0.0).config if eligible else None
     return Recommendation(best, baseline, chosen, remaining_tokens, remaining_source, tuple(rows),
                           note, _auto_ratios(results, configs))
+
+
+def _with_verdict(row: ConfigChoice, results: Sequence[PointResult], baseline: str,
+                  fidelity: FidelityParams) -> ConfigChoice:
+    """`row` excluded when its probe drifts beyond the noise floor (`verdict`)."""
+    probed = next((r for r in results if r.config == row.config
+                   and r.identical_share is not None), None)
+    if probed is None or probed.identical_share is None or row.config == baseline:
+        return row
+    floor = (None if probed.floor_identical_share is None
+             else 1.0 - probed.floor_identical_share)
+    line = verdict(row.config, 1.0 - probed.identical_share, floor, fidelity.threshold,
+                   baseline=baseline, speedup=row.ratio, max_new_tokens=fidelity.max_new_tokens)
+    return dataclasses.replace(row, excluded=line)
 
 
 def _auto_ratios(results: Sequence[PointResult], configs: Sequence[str]) -> tuple[tuple[str, float], ...]:
@@ -319,9 +354,13 @@ def recommend_sweep(out: str | os.PathLike[str],
     params = sweep_params(out)
     results = load_results(out) if results is None else results
     remaining, source, note = remaining_tokens_for(params.projection)
-    return recommend(results, limits=params.limits, baseline=params.grid.baseline,
+    configs = list(dict.fromkeys(r.config for r in results))
+    baseline = params.grid.baseline or (configs[0] if configs else None)
+    with_fidelity(results, sweep_fidelity(Path(out), configs, baseline))
+    return recommend(results, limits=params.limits, baseline=baseline,
                      concurrency=params.projection.concurrency, remaining_tokens=remaining,
-                     remaining_source=source, note=note, gpus=params.projection.gpus)
+                     remaining_source=source, note=note, gpus=params.projection.gpus,
+                     fidelity=params.fidelity if params.fidelity.prompts else None)
 
 
 def format_results_table(results: Sequence[PointResult]) -> str:
@@ -339,3 +378,35 @@ def format_results_table(results: Sequence[PointResult]) -> str:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+FIDELITY_COLUMNS = ("config", "output_throughput", "identical_share", "first_divergence",
+                    "agreement", "logprob_diff", "floor_identical_share", "threshold",
+                    "excluded", "baseline")
+
+
+def fidelity_frame(rec: Recommendation, results: Sequence[PointResult],
+                   threshold: float) -> Any:
+    """One row per probed configuration: its output tok/s at the recommendation's
+    concurrency, its probe's figures against the baseline (results carry them: see
+    `workbench.tune.probe.with_fidelity`), the noise floor, the exclusion threshold and why it
+    is excluded (None when it is not); empty when nothing was probed."""
+    import pandas as pd
+
+    rows = []
+    for row in rec.rows:
+        probed = next((r for r in results if r.config == row.config
+                       and r.identical_share is not None), None)
+        if probed is None:
+            continue
+        rows.append({"config": row.config, "output_throughput": row.output_throughput,
+                     "identical_share": probed.identical_share,
+                     "first_divergence": probed.first_divergence,
+                     "agreement": probed.agreement, "logprob_diff": probed.logprob_diff,
+                     "floor_identical_share": probed.floor_identical_share,
+                     "threshold": threshold, "excluded": row.excluded,
+                     "baseline": row.config == rec.baseline})
+    frame = pd.DataFrame(rows, columns=list(FIDELITY_COLUMNS))
+    frame["config"] = pd.Categorical(frame["config"], categories=list(frame["config"]),
+                                     ordered=True)
+    return frame
