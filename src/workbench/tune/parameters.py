@@ -155,7 +155,7 @@ class FidelityParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     is above the floor's by more than `threshold` is never recommended."""
 
     prompts: NonNegative = 32
-    max_new_tokens: Positive = 512
+    max_new_tokens: Positive = 384
     concurrency: Positive = 32
     threshold: Fraction = 0.05
     seed: int = 0
