@@ -302,15 +302,21 @@ def fidelity_figure(frame: pd.DataFrame,
         at = 100 * float(floor.iloc[0])
         line = at - 100 * float(frame["threshold"].iloc[0])
         fig.add_vline(x=at, line_dash="dot", line_color="#607D8B",
-                      annotation_text="noise floor (baseline restarted)")
+                      annotation_text="noise floor", annotation_position="top left")
         fig.add_vline(x=line, line_dash="dash", line_color=FAILED_COLOR,
                       annotation_text="excluded left of here", annotation_position="bottom left")
     fig.update_layout(title={"text": title}, showlegend=False,
                       xaxis={"title": "probe replies identical to the baseline's (%)",
                              "range": [-5, 105]},
                       yaxis={"title": "output tok/s at the chosen concurrency",
-                             "rangemode": "tozero"})
+                             "range": [0, 1.25 * _top(frame["output_throughput"])]})
     return fig
+
+
+def _top(values: pd.Series) -> float:
+    """The largest value, 1 when there is none (all unknown or zero)."""
+    top = values.max()
+    return float(top) if pd.notna(top) and top > 0 else 1.0
 
 
 def fidelity_view(frame: pd.DataFrame) -> Rendered:
