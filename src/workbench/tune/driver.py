@@ -214,7 +214,7 @@ async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan])
     """Launch the configuration's server, run its pending points and probe it, stop the
     server; the baseline is started once more for its second probe (its noise floor)."""
     folder = run.out / config.name
-    started = await _started(run, config, folder / SERVER_LOG)
+    started = _started(run, config, folder / SERVER_LOG)
     if isinstance(started, str):
         _fail_points(run, config, pending, started)
         return
@@ -227,8 +227,9 @@ async def _run_config(run: _Sweep, config: ConfigPlan, pending: list[PointPlan])
         await _serve_points(run, config, pending, server.process)
     finally:
         _stop(run, server.process, port)
-    if config.name == run.baseline and _wants_probe(run, folder / PROBE_AGAIN_FILE):
-        await _probe_again(run, config, folder)
+    again = folder / PROBE_AGAIN_FILE
+    if config.name == run.baseline and (folder / PROBE_FILE).exists() and _wants_probe(run, again):
+        await _probe_again(run, config, folder)  # only a baseline that answered its first
 
 
 @dataclass(slots=True)
@@ -238,8 +239,7 @@ class _Started:
     ignored: list[str]
 
 
-async def _started(run: _Sweep, config: ConfigPlan,
-                   log: Path) -> tuple[_Started, int] | str:
+def _started(run: _Sweep, config: ConfigPlan, log: Path) -> tuple[_Started, int] | str:
     """The configuration's server started (not yet ready) and its port, or why it failed."""
     params = run.params
     port = params.server.port or find_free_port(params.server.host)
@@ -277,7 +277,7 @@ async def _probe(run: _Sweep, config: ConfigPlan, client: SGLangClient, path: Pa
 
 async def _probe_again(run: _Sweep, config: ConfigPlan, folder: Path) -> None:
     """The baseline restarted and probed a second time (its noise floor)."""
-    started = await _started(run, config, folder / f"again-{SERVER_LOG}")
+    started = _started(run, config, folder / f"again-{SERVER_LOG}")
     if isinstance(started, str):
         run.say(f"{config.name}: no second probe: {started}")
         return
