@@ -48,7 +48,9 @@ def events(out: Path) -> list[dict[str, Any]]:
 
 
 def test_a_server_that_dies_is_restarted_and_the_run_completes(tmp_path: Path) -> None:
-    done, out = run_launched(tmp_path, server_file(tmp_path, fault_exit_after=4.0))
+    # each life of the server is 10 s: a cohort of 8 replies takes about 3 s here, and a loaded
+    # machine (4 s lives) finished none after the first restart, so --max-restarts ran out
+    done, out = run_launched(tmp_path, server_file(tmp_path, fault_exit_after=10.0))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_each_sample_once(out)
     kinds = [e["kind"] for e in events(out)]
