@@ -21,7 +21,7 @@ PACKAGE = Path(workbench.__file__).resolve().parent
 # Lower layers first; a module may import its own package and any package of a lower layer.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"__init__", "errors"},
-    {"profiles", "resources", "text"},
+    {"profiles", "resources", "text", "sketch"},
     {"config", "tokenizer"},
     {"rundir", "sim"},
     {"server"},
