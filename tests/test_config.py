@@ -239,13 +239,14 @@ BAD_VALUES = [
     (
         lambda d: d.update(dataset=[]),
         "dataset: unknown key "
-        "(known: concurrency, datasets, model_profile, order, sampling, tokenizer, trust_remote_code)",
+        "(known: concurrency, datasets, dedup, dedup_threshold, model_profile, order, sampling, "
+        "tokenizer, trust_remote_code)",
     ),
     (
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, context_fit, "
-        "context_fit_min_tokens, id_field, input, max_samples, max_tokens, name, order, path, "
-        "sampling, tokenizer, trust_remote_code)",
+        "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, name, order, "
+        "path, sampling, tokenizer, trust_remote_code)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),
     (lambda d: d.update(sampling=[1]), "sampling: expected mapping, got list"),

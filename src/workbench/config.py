@@ -9,9 +9,10 @@ key, or of the mapping that misses it):
     params/datasets.yaml: invalid YAML at line 7, column 3: mapping values are not allowed here
 
 `load_manifest` loads the dataset manifest of a generation job, checks what the types cannot
-(safe unique dataset names, a known model profile, files that exist) and resolves every path
-relative to the YAML file. Each loaded dataset keeps its `origin` (file, index, key lines), so
-an error about one of its rows can name the manifest key behind it.
+(safe unique dataset names, a known model profile, files that exist), resolves every path
+relative to the YAML file and gives every dataset the top level's `order` and `dedup` unless it
+sets its own. Each loaded dataset keeps its `origin` (file, index, key lines), so an error
+about one of its rows can name the manifest key behind it.
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from workbench import sketch
 from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 
 __all__ = [
     "CONTEXT_FIT_MIN_TOKENS",
     "DATASET_NAME_PATTERN",
+    "DEDUP_THRESHOLD",
     "ContextFit",
     "DatasetOrigin",
     "DatasetSpec",
+    "DedupMode",
     "InputMode",
     "Manifest",
     "Sampling",
@@ -52,6 +56,13 @@ Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
 # prompt, or sent again once with max_new_tokens cut to fit (workbench.generate.context_fit).
 ContextFit = Literal["fail", "reduce_generation"]
 CONTEXT_FIT_MIN_TOKENS = 256  # the fewest new tokens a cut request may keep, by default
+# Which duplicate prompts a dataset skips before sending (workbench.generate.dedup): none, those
+# with the same content, or those whose MinHash similarity reaches the manifest's threshold.
+DedupMode = Literal["exact", "near", "off"]
+# As the YAML writes it: YAML 1.1 reads a bare `off` (or `no`) as false, which means "off".
+_DedupSetting = DedupMode | bool
+DEDUP_THRESHOLD = sketch.DEFAULT_THRESHOLD  # estimated Jaccard from which two prompts are near copies
+Threshold = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -123,6 +134,12 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     order: Order | None = None  # None: the manifest's
     context_fit: ContextFit = "fail"
     context_fit_min_tokens: Positive | None = None  # None: CONTEXT_FIT_MIN_TOKENS
+    dedup: _DedupSetting | None = None  # None: the manifest's
+
+    def dedup_mode(self) -> DedupMode:
+        """The dataset's dedup mode ("off" for a spec that sets none)."""
+        mode = self.dedup
+        return "off" if mode is None or isinstance(mode, bool) else mode
 
     def min_generation_tokens(self) -> int:
         """The fewest max_new_tokens a request cut to fit the context may keep."""
@@ -133,8 +150,9 @@ class DatasetSpec(_DatasetEntry, forbid_unknown_fields=True):
     """One dataset of the manifest.
 
     After `load_manifest`, `path` and `tokenizer` are absolute (`tokenizer` falls back to the
-    manifest's), `trust_remote_code` is true when the dataset or the manifest says so, and
-    `origin` says where the manifest writes it (None for a spec built in code).
+    manifest's), `trust_remote_code` is true when the dataset or the manifest says so, `order`
+    and `dedup` are the dataset's or else the manifest's, and `origin` says where the manifest
+    writes it (None for a spec built in code).
     """
 
     origin: DatasetOrigin | None = None
@@ -150,10 +168,13 @@ class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
     trust_remote_code: bool = False
     order: Order = "random"
     concurrency: Concurrency | None = None
+    dedup: _DedupSetting = "off"
+    dedup_threshold: Threshold | None = None  # None: DEDUP_THRESHOLD
 
 
 class Manifest(msgspec.Struct, kw_only=True):
-    """A loaded, checked dataset manifest; `source` is the YAML file it came from."""
+    """A loaded, checked dataset manifest; `source` is the YAML file it came from.
+    `dedup_threshold` is the near-duplicate threshold of every dataset with ``dedup: near``."""
 
     source: str
     model_profile: str
@@ -161,6 +182,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     datasets: list[DatasetSpec]
     tokenizer: str | None = None
     concurrency: Concurrency | None = None
+    dedup_threshold: float = DEDUP_THRESHOLD
 
     def dataset(self, name: str) -> DatasetSpec:
         """The dataset called `name`, or a ConfigError listing the known names."""
@@ -430,13 +452,15 @@ def _load_manifest(path: str | Path) -> Manifest:
     _check_sampling(raw.sampling, "sampling", source)
     _check_names(raw.datasets, source)
     top = msgspec.structs.replace(
-        raw, tokenizer=_resolve_dir(raw.tokenizer, base, "tokenizer", source)
+        raw, tokenizer=_resolve_dir(raw.tokenizer, base, "tokenizer", source),
+        dedup=_dedup_mode(raw.dedup, "dedup", source),
     )
     lines = _file_key_lines(Path(path))
     datasets = [
         _resolve_dataset(ds, _origin(source, i, lines), top, base)
         for i, ds in enumerate(top.datasets)
     ]
+    _check_dedup_threshold(top, datasets, source)
     return Manifest(
         source=source,
         model_profile=top.model_profile,
@@ -444,6 +468,7 @@ def _load_manifest(path: str | Path) -> Manifest:
         datasets=datasets,
         tokenizer=top.tokenizer,
         concurrency=top.concurrency,
+        dedup_threshold=top.dedup_threshold or DEDUP_THRESHOLD,
     )
 
 
@@ -459,6 +484,24 @@ def _check_sampling(sampling: Sampling | SamplingOverride, key: str, source: str
     top_k = sampling.top_k
     if top_k is not None and top_k != -1 and top_k < 1:
         raise ConfigError(f"{key}.top_k", f"expected -1 (off) or an int >= 1, got {top_k}", source)
+
+
+def _dedup_mode(value: _DedupSetting | None, key: str, source: str) -> DedupMode | None:
+    """A dedup setting as a mode: YAML's false (a bare `off` or `no`) is "off"; true (a bare
+    `on` or `yes`) is no mode, a ConfigError naming the key. None stays None (inherit)."""
+    if isinstance(value, bool):
+        if value:
+            raise ConfigError(key, "invalid value true (expected one of: exact, near, off; YAML "
+                              "reads a bare on or yes as true)", source)
+        return "off"
+    return value
+
+
+def _check_dedup_threshold(top: _ManifestFile, datasets: list[DatasetSpec], source: str) -> None:
+    """ConfigError for a dedup_threshold that no dataset uses (none has dedup: near)."""
+    if top.dedup_threshold is not None and all(ds.dedup != "near" for ds in datasets):
+        raise ConfigError("dedup_threshold", "only applies with dedup: near (at the top level "
+                          "or on a dataset)", source)
 
 
 def _file_key_lines(path: Path) -> dict[str, int]:
@@ -527,6 +570,7 @@ def _resolve_dataset(
         "tokenizer": ds_tokenizer,
         "trust_remote_code": ds.trust_remote_code or top.trust_remote_code,
         "order": ds.order or top.order,
+        "dedup": _dedup_mode(ds.dedup, f"{key}.dedup", source) or top.dedup,
     }
     return DatasetSpec(**{**msgspec.structs.asdict(ds), **resolved}, origin=origin)
 

@@ -9,6 +9,11 @@ bad input fails before anything is written.
 - Order: a dataset's prompts go out in a seeded random order (``order: random``, the
   default; the seed is ``order_seed`` in run.json, kept on resume), or in file order
   (``order: file``), so a budget keeps a fair subset of a sorted or grouped file.
+- Duplicates: a dataset with ``dedup: exact | near`` drops its copies of prompts that an
+  earlier dataset of the manifest keeps, or an earlier row of its own, before the order and
+  the sample cap (:mod:`workbench.generate.dedup`); they are written to ``skipped.jsonl``,
+  never to prompts.jsonl. With ``--only``, the manifest's earlier datasets are read too (not
+  sent): they may hold the kept copy.
 - Budgets: ``max_samples`` takes the first prompts of the send order (plus any finished
   before: a resumed run keeps what it has); ``max_tokens`` is the dispatcher's to keep
   (:mod:`workbench.generate.budget`).
@@ -31,7 +36,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -40,6 +45,14 @@ import msgspec
 from workbench import __version__
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import ConfigError, DataError, ResumeMismatch
+from workbench.generate.dedup import (
+    Deduper,
+    Skipped,
+    dedup_line,
+    dedup_record,
+    mode_text,
+    write_skipped,
+)
 from workbench.generate.progress import DatasetProgress
 from workbench.generate.prompts import Prompt, load_prompts
 from workbench.generate.resume import DatasetResume, conflict_message, prompt_line, read_resume
@@ -102,7 +115,7 @@ class ServerFacts(NamedTuple):
 @dataclass(slots=True)
 class PlannedDataset:
     """One dataset ready to send: this run's prompts (file order), those still to send
-    (send order), its folder and its counters."""
+    (send order), its folder, its counters and the duplicates it skips."""
 
     spec: DatasetSpec
     sampling: Sampling
@@ -110,6 +123,16 @@ class PlannedDataset:
     prompts: list[Prompt]
     pending: list[Prompt]
     progress: DatasetProgress
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+class _Drawn(NamedTuple):
+    """A dataset's share of the run: its prompts (file order), those to send (send order) and
+    the duplicates it skips."""
+
+    prompts: list[Prompt]
+    pending: list[Prompt]
+    skipped: list[Skipped]
 
 
 def send_order(prompts: list[Prompt], order: str, seed: int, name: str) -> list[Prompt]:
@@ -190,6 +213,9 @@ class Plan:
         self.vocab_size: int | None = None  # the model profile's: replies are checked against it
         self._resumes: dict[str, DatasetResume] = {}
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
+        # Datasets read only to find duplicates (earlier in the manifest than a selected one
+        # with dedup on, not selected themselves): their prompts, by name.
+        self._references: dict[str, list[Prompt]] = {}
 
     def selected_specs(self) -> list[DatasetSpec]:
         """The manifest's datasets, narrowed to ``--only``."""
@@ -204,11 +230,26 @@ class Plan:
         return [s for s in specs if s.name in self.options.only]
 
     def load(self) -> None:
-        """Load every dataset's prompts (bad input fails here, before any server is asked)."""
+        """Load every dataset's prompts, and those of the earlier datasets dedup compares
+        them with (bad input fails here, before any server is asked)."""
         profile = get_profile(self.manifest.model_profile)
         self.vocab_size = profile.vocab_size
+        selected = self.selected_specs()
         self._loaded = [(spec, self._sampling(spec), self._prompts(spec, profile))
-                        for spec in self.selected_specs()]
+                        for spec in selected]
+        names = {spec.name for spec in selected}
+        self._references = {spec.name: self._prompts(spec, profile)
+                            for spec in self._dedup_specs() if spec.name not in names}
+
+    def _dedup_specs(self) -> list[DatasetSpec]:
+        """The datasets dedup goes through, in manifest order: every one up to the last
+        selected one with dedup on (any earlier one may hold the kept copy); [] when no
+        selected dataset has dedup on."""
+        selected = {spec.name for spec in self.selected_specs()}
+        specs = self.manifest.datasets
+        last = max((i for i, spec in enumerate(specs)
+                    if spec.name in selected and spec.dedup_mode() != "off"), default=-1)
+        return specs[:last + 1]
 
     def _sampling(self, spec: DatasetSpec) -> Sampling:
         sampling = self.manifest.sampling_for(spec)
@@ -218,11 +259,16 @@ class Plan:
 
     def _prompts(self, spec: DatasetSpec, profile: ModelProfile) -> list[Prompt]:
         """With a sample cap in file order, the first prompts; else the whole file (a cap
-        in random order draws from all of it)."""
+        in random order draws from all of it, and one after dedup from what is left)."""
         cap = _limit(spec.max_samples, self.options.max_samples)
-        if spec.order == "file" or cap is None:
+        if not self._whole_file(spec):
             return load_prompts(spec, profile, limit=cap)
         return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile)
+
+    def _whole_file(self, spec: DatasetSpec) -> bool:
+        """Whether every row of the dataset's file is loaded (all but a file-order cap's)."""
+        cap = _limit(spec.max_samples, self.options.max_samples)
+        return spec.order != "file" or cap is None or spec.dedup_mode() != "off"
 
     def first_prompt(self) -> Prompt | None:
         """The first loaded prompt (for a preflight request), if any."""
@@ -246,7 +292,7 @@ class Plan:
         if spec.name not in self._resumes:
             folder = DatasetDir(spec.name, self.out / spec.name)
             cap = _limit(spec.max_samples, self.options.max_samples)
-            complete = spec.order != "file" or cap is None or len(prompts) < cap
+            complete = self._whole_file(spec) or cap is None or len(prompts) < cap
             try:
                 self._resumes[spec.name] = read_resume(folder, prompts, complete)
             except OSError as exc:
@@ -273,7 +319,8 @@ class Plan:
     def open(self) -> list[PlannedDataset]:
         """Prepare every dataset folder (after :meth:`load`): earlier files moved aside
         (no resume) or their torn tails and rejected lines put aside, finished ids read,
-        prompts.jsonl written. StorageError naming the file that cannot be written."""
+        duplicates found (once every folder's finished ids are known), prompts.jsonl and
+        skipped.jsonl written. StorageError naming the file that cannot be written."""
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -282,10 +329,21 @@ class Plan:
         created = self.previous.get("created")
         self.created = created if isinstance(created, int | float) else time.time()
         self.order_seed = self._order_seed()
-        for spec, sampling, prompts in self._loaded:
-            folder = DatasetDir(spec.name, self.out / spec.name)
+        folders = {spec.name: DatasetDir(spec.name, self.out / spec.name)
+                   for spec, _sampling, _prompts in self._loaded}
+        states: dict[str, DatasetResume] = {}
+        for spec, _sampling, prompts in self._loaded:
+            folder = folders[spec.name]
             try:
-                self.datasets[spec.name] = self._open_dataset(folder, spec, sampling, prompts)
+                states[spec.name] = self._prepare_folder(folder, spec, prompts)
+            except OSError as exc:
+                raise storage_error(exc.filename or folder.folder, exc) from None
+        drawn = self._draw_all(states)
+        for spec, sampling, _prompts in self._loaded:
+            folder = folders[spec.name]
+            try:
+                self.datasets[spec.name] = self._open_dataset(
+                    folder, spec, sampling, states[spec.name], drawn[spec.name])
             except OSError as exc:
                 raise storage_error(exc.filename or folder.folder, exc) from None
         return list(self.datasets.values())
@@ -300,11 +358,14 @@ class Plan:
             return self.options.seed
         return random.SystemRandom().randrange(2**31)
 
-    def _open_dataset(self, folder: DatasetDir, spec: DatasetSpec, sampling: Sampling,
-                      prompts: list[Prompt]) -> PlannedDataset:
+    def _prepare_folder(self, folder: DatasetDir, spec: DatasetSpec,
+                        prompts: list[Prompt]) -> DatasetResume:
+        """The dataset's folder made ready and what it holds of earlier sessions: earlier
+        files moved aside (no resume), a torn tail and rejected lines put aside."""
         folder.folder.mkdir(parents=True, exist_ok=True)
         if not self.options.resume:
-            for path in (folder.raw_path, folder.errors_path, folder.prompts_path):
+            for path in (folder.raw_path, folder.errors_path, folder.prompts_path,
+                         folder.scores_path):  # the scores of the records moved aside
                 moved = set_aside(path)
                 if moved:
                     self.say(f"[{spec.name}] --no-resume: moved {path.name} to {moved.name}")
@@ -313,14 +374,63 @@ class Plan:
             self.say(f"[{spec.name}] moved a torn last line ({torn} bytes) to {RAW_FILE}{TORN_SUFFIX}")
         state = self._resume_state(spec, prompts) if self.options.resume else DatasetResume()
         self._set_aside_records(folder, state)
-        prompts, pending = self._draw(spec, prompts, set(state.done))
+        return state
+
+    def _draw_all(self, states: Mapping[str, DatasetResume]) -> dict[str, _Drawn]:
+        """Each dataset's share of the run, in manifest order: its duplicates of what the
+        datasets before it keep (and of its own earlier rows) dropped, then its sample cap
+        drawn; the datasets read only for dedup are drawn too (what they keep counts), with
+        what their folders hold."""
+        loaded = {spec.name: prompts for spec, _sampling, prompts in self._loaded}
+        checked = {spec.name for spec in self._dedup_specs()}
+        deduper = (Deduper(self.manifest.dedup_threshold,
+                           near=any(self.manifest.dataset(name).dedup_mode() == "near"
+                                    for name in checked))
+                   if checked else None)
+        drawn: dict[str, _Drawn] = {}
+        for spec in self.manifest.datasets:
+            prompts = loaded.get(spec.name, self._references.get(spec.name))
+            if prompts is None:
+                continue
+            done = set(states[spec.name].done if spec.name in states
+                       else self._resume_state(spec, prompts).done)
+            skipped: list[Skipped] = []
+            if deduper is not None and spec.name in checked:
+                skipped = deduper.check(spec.name, spec.dedup_mode(), prompts, done)
+                dropped = {s.sample_id for s in skipped}
+                prompts = [p for p in prompts if p.sample_id not in dropped]
+            kept, pending = self._draw(spec, prompts, done)
+            if deduper is not None and spec.name in checked:
+                deduper.keep({p.sample_id for p in kept})
+            drawn[spec.name] = _Drawn(kept, pending, skipped)
+        return drawn
+
+    def _open_dataset(self, folder: DatasetDir, spec: DatasetSpec, sampling: Sampling,
+                      state: DatasetResume, drawn: _Drawn) -> PlannedDataset:
+        """The dataset's prompts.jsonl and skipped.jsonl written, its counters set."""
+        prompts, pending, skipped = drawn
         _write_prompts(folder, prompts, state)
+        _on_file(folder.skipped_path, write_skipped, folder, skipped)
+        self._say_dedup(spec, folder, skipped)
         progress = DatasetProgress(
             name=spec.name, target=len(prompts),
             max_tokens=_limit(spec.max_tokens, self.options.max_tokens_per_dataset),
             done=sum(1 for p in prompts if p.sample_id in state.done),
             completion_tokens=sum(state.done.values()))
-        return PlannedDataset(spec, sampling, folder, prompts, pending, progress)
+        return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped)
+
+    def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped]) -> None:
+        """What dedup skips of the dataset, and a mode changed since the earlier session."""
+        name, mode = spec.name, spec.dedup_mode()
+        record = dedup_record(mode, self.manifest.dedup_threshold, skipped)
+        earlier = dataset_entries(self.previous).get(name)
+        if earlier is not None and mode_text(earlier.get("dedup")) != mode_text(record):
+            self.say(f"[{name}] dedup changed from {mode_text(earlier.get('dedup'))} to "
+                     f"{mode_text(record)} since the earlier session: duplicates found anew, "
+                     "finished samples kept")
+        if mode != "off":
+            listed = f" (listed in {folder.skipped_path})" if skipped else ""
+            self.say(f"[{name}] {dedup_line(skipped)}{listed}")
 
     def _set_aside_records(self, folder: DatasetDir, state: DatasetResume) -> None:
         """Move the rejected lines to ``.rejected`` and, with --force, the records of samples
@@ -397,4 +507,5 @@ class Plan:
             "context_fit": spec.context_fit,
             "context_fit_min_tokens": (spec.min_generation_tokens()
                                        if spec.context_fit == "reduce_generation" else None),
+            "dedup": dedup_record(spec.dedup_mode(), self.manifest.dedup_threshold, ds.skipped),
         }

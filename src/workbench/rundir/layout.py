@@ -8,6 +8,10 @@
                                           (unreadable, a field missing), put aside on resume
     OUT/<dataset>/prompts.jsonl           the prompts as sent
     OUT/<dataset>/errors.jsonl            one line per failed attempt
+    OUT/<dataset>/skipped.jsonl           prompts not sent: duplicates of kept ones (manifest
+                                          dedup, generate/dedup.py)
+    OUT/<dataset>/scores.jsonl            each reply's likelihood under the target
+                                          (``workbench score``, analyze/score.py)
     OUT/<dataset>/*.bak                   an earlier run's files, moved aside by --no-resume
     OUT/<dataset>/.workbench-cache/       caches of reads (cache.py); always safe to delete
 
@@ -42,6 +46,8 @@ __all__ = [
     "RAW_FILE",
     "REJECTED_SUFFIX",
     "RUN_ENTRIES",
+    "SCORES_FILE",
+    "SKIPPED_FILE",
     "TORN_SUFFIX",
     "DatasetDir",
     "check_dataset_names",
@@ -54,6 +60,8 @@ LOCK_FILE = ".writer.lock"
 RAW_FILE = "raw_responses.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
 ERRORS_FILE = "errors.jsonl"
+SKIPPED_FILE = "skipped.jsonl"
+SCORES_FILE = "scores.jsonl"
 DATASET_FILES = (RAW_FILE, PROMPTS_FILE, ERRORS_FILE)
 TORN_SUFFIX = ".torn"
 REJECTED_SUFFIX = ".rejected"
@@ -85,6 +93,14 @@ class DatasetDir(msgspec.Struct, frozen=True):
     @property
     def errors_path(self) -> Path:
         return self.folder / ERRORS_FILE
+
+    @property
+    def skipped_path(self) -> Path:
+        return self.folder / SKIPPED_FILE
+
+    @property
+    def scores_path(self) -> Path:
+        return self.folder / SCORES_FILE
 
     @property
     def chat_template_kwargs(self) -> dict[str, Any]:
