@@ -16,18 +16,29 @@ sampling parameters to it as SGLang's scheduler would (`srt/managers/schedule_ba
 Reply text follows `srt/managers/detokenizer_manager.py` (`trim_matched_stop`): a matched stop
 id is left out of the text and a matched stop string cut off, unless `no_stop_trim`; special
 ids are left out with `skip_special_tokens` (the default).
+
+Logprobs of input tokens (`logprob_start_len`, as a request that scores a reply without
+generating sends) come from a bigram model of the simulator's own text (`corpus.json`): the
+probability of a token after the one before it is ``0.9 * count(prev, token) / count(prev) +
+0.1 * unigram(token)`` (the unigram add-one smoothed over the text's vocabulary; the unigram
+alone after an id the text never holds). The simulator's replies are runs of that text, so a
+reply it generated scores as far more likely (a mean NLL near 2) than random ids (near 8.6),
+and the top-k alternatives at a position are the bigram's most likely next ids. The logprobs of
+generated (output) tokens stay the per-(position, token) values of :func:`_logprob`.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 import zlib
+from collections import Counter
 from typing import Any, Literal, NamedTuple
 
 from workbench.profiles import ModelProfile
 from workbench.sim.drift import perturbed
-from workbench.sim.outputs import PlannedOutput, render_text
+from workbench.sim.outputs import PlannedOutput, corpus, render_text
 from workbench.sim.sampling import Sampling
 
 __all__ = [
@@ -187,35 +198,103 @@ class LogprobRequest(NamedTuple):
     text: bool
 
 
+BIGRAM_WEIGHT = 0.9  # the bigram's share of an input token's probability (module docstring)
+
+
+class _Bigrams(NamedTuple):
+    """The simulator's text as a bigram model: successors of each id, most frequent first."""
+
+    pairs: Counter[tuple[int, int]]  # (prev, token) -> how often token follows prev
+    follow: dict[int, list[tuple[int, int]]]  # prev -> [(token, count)], by count then id
+    totals: dict[int, int]  # prev -> how often it is followed by anything
+    unigram: list[float]  # add-one smoothed probability of each id of the text's vocabulary
+    ranked: list[int]  # the vocabulary by unigram probability, most likely first
+    floor: float  # the unigram probability of an id outside the vocabulary
+
+
+@functools.cache
+def _bigrams() -> _Bigrams:
+    text = corpus()
+    vocab, size = len(text.tokens), len(text.ids)
+    pairs = Counter(zip(text.ids, text.ids[1:], strict=False))
+    follow: dict[int, list[tuple[int, int]]] = {}
+    for (prev, token), count in pairs.items():
+        follow.setdefault(prev, []).append((token, count))
+    for successors in follow.values():
+        successors.sort(key=lambda item: (-item[1], item[0]))
+    counts = Counter(text.ids)
+    unigram = [(counts[token] + 1) / (size + vocab) for token in range(vocab)]
+    ranked = sorted(range(vocab), key=lambda token: (-unigram[token], token))
+    totals = {prev: sum(count for _, count in successors) for prev, successors in follow.items()}
+    return _Bigrams(pairs, follow, totals, unigram, ranked, 1 / (size + vocab))
+
+
+def _bigram_probability(prev: int, token: int) -> float:
+    """P(token | prev) under the bigram model of the module docstring."""
+    model = _bigrams()
+    unigram = model.unigram[token] if 0 <= token < len(model.unigram) else model.floor
+    total = model.totals.get(prev)
+    if not total:
+        return unigram
+    return BIGRAM_WEIGHT * model.pairs[prev, token] / total + (1 - BIGRAM_WEIGHT) * unigram
+
+
+def _input_logprob(prev: int, token: int) -> float:
+    return round(math.log(_bigram_probability(prev, token)), 6)
+
+
+def _input_top(prev: int, count: int, model: ModelProfile, text: bool) -> list[Any]:
+    """The bigram's `count` most likely ids after `prev`, best first (exactly: an id that
+    never follows `prev` is worth its unigram share, so the best of those are the most frequent
+    ids)."""
+    bigrams = _bigrams()
+    candidates = [token for token, _ in bigrams.follow.get(prev, [])]
+    candidates += bigrams.ranked[: count + len(candidates)]
+    scored = {token: _bigram_probability(prev, token) for token in candidates}
+    best = sorted(scored, key=lambda token: (-scored[token], token))[:count]
+    return [[round(math.log(scored[token]), 6), token,
+             render_text([token], model) if text else None] for token in best]
+
+
+def _input_entries(
+    request: LogprobRequest, input_ids: list[int], start: int, model: ModelProfile
+) -> list[list[Any]]:
+    """`[logprob, id, text]` of input positions from `start`; the first has no logprob: the
+    scheduler computes logprobs from `logprob_start_len` on, each for the next token, and
+    publishes `[None] + logprobs[:-1]` (scheduler_output_processor_mixin
+    `_process_input_token_logprobs`), whatever the start."""
+    return [
+        [None if index == start else _input_logprob(input_ids[index - 1], input_ids[index]),
+         input_ids[index], render_text([input_ids[index]], model) if request.text else None]
+        for index in range(start, len(input_ids))
+    ]
+
+
 def logprob_fields(
     request: LogprobRequest, input_ids: list[int], output_ids: list[int], model: ModelProfile,
     *, noise: float = 0.0,
 ) -> dict[str, Any]:
     """meta_info's logprob keys (tokenizer_manager `add_logprob_to_meta_info`): entries are
-    `[logprob, token_id, text or null]`; the first prompt token has no logprob; the output's
-    move by up to `noise` (fp8 KV, `workbench.sim.drift.perturbed`)."""
+    `[logprob, token_id, text or null]`; input tokens from `logprob_start_len` on are scored
+    by the bigram model (module docstring), the first of them without a logprob (and without
+    top logprobs); the output's move by up to `noise` (fp8 KV,
+    `workbench.sim.drift.perturbed`)."""
     start = len(input_ids) if request.start < 0 else request.start
-    positions = range(start, len(input_ids))
-    inputs = [
-        [None, input_ids[0], render_text(input_ids[:1], model) if request.text else None]
-        if index == 0
-        else _entry(index, input_ids[index], model, request.text)
-        for index in positions
-    ]
     offset = len(input_ids)
     outputs = [
         _entry(offset + index, token, model, request.text, noise)
         for index, token in enumerate(output_ids)
     ]
     fields: dict[str, Any] = {
-        "input_token_logprobs": inputs,
+        "input_token_logprobs": _input_entries(request, input_ids, start, model),
         "output_token_logprobs": outputs,
         "output_token_logprobs_length": len(outputs),
     }
     if request.top > 0:
         fields["input_top_logprobs"] = [
-            None if index == 0 else _top(index, input_ids[index], request.top, model, request.text)
-            for index in positions
+            None if index == start
+            else _input_top(input_ids[index - 1], request.top, model, request.text)
+            for index in range(start, len(input_ids))
         ]
         fields["output_top_logprobs"] = [
             _top(offset + index, token, request.top, model, request.text)

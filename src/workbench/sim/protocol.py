@@ -242,7 +242,7 @@ def _item(
             sent = cut
     else:
         _check_lengths(len(ids), sampling.max_new_tokens, limits)
-    if logprob is not None and logprob.start > len(ids):
+    if logprob is not None and logprob.start >= len(ids):  # the scheduler's check: >=
         raise InvalidRequest(
             f"req.logprob_start_len={logprob.start} is higher than the number of input tokens "
             f"len(req.origin_input_ids)={len(ids)}. Please use a smaller logprob_start_len."
