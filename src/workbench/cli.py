@@ -95,6 +95,17 @@ def _fraction_or_off(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    """A share in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share above 0 and at most 1, got {text}")
+    return value
+
+
 def _check_out_dir(path: Path) -> None:
     """ConfigError when --out is a file or lies under one (before anything is written)."""
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
@@ -352,18 +363,84 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--strict", action="store_true", help="exit 1 when a finding is an error")
     p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
     p.add_argument("--workers", type=_positive_int, help="worker processes (default: CPU count)")
+    _add_decontaminate(p)
+    p.add_argument("--tokenizer", help="tokenizer directory that reads the run's ids as words "
+                                       "for --decontaminate (default: the run manifest's)")
+    p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer run its own code")
+    p.add_argument("--near-threshold", type=_share, default=0.5,
+                   help="estimated Jaccard similarity from which prompts or replies are near "
+                        "duplicates (0.5)")
     p.set_defaults(func=_cmd_validate)
+
+
+def _add_decontaminate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decontaminate", nargs="+", metavar="FILE", default=(),
+                   help="benchmark prompts (JSONL or Parquet) to look for in the prompts and "
+                        "replies: an n-gram of normalised words in common flags a record")
+    p.add_argument("--benchmark-field", metavar="FIELD",
+                   help="the benchmark files' prompt field (default: the first of prompt, "
+                        "question, problem, instruction, input, text, turns)")
+    p.add_argument("--ngram", type=_positive_int, default=13,
+                   help="words in a benchmark n-gram (13, the usual rule)")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     import msgspec
 
+    from workbench.analyze.quality import Decontamination, run_tokenizer
+    from workbench.analyze.rules import Thresholds
     from workbench.analyze.validate import exit_code, format_report, validate_run
+    from workbench.rundir.run import load_run
 
-    report = validate_run(args.out, model_profile=args.model_profile, only=args.only, workers=args.workers)
+    decontaminate = None
+    if args.decontaminate:
+        tokenizer = run_tokenizer(load_run(args.out, args.only), args.tokenizer, args.trust_remote_code)
+        decontaminate = Decontamination.load(args.decontaminate, field=args.benchmark_field,
+                                             ngram=args.ngram, tokenizer=tokenizer)
+    thresholds = Thresholds(near_duplicate_threshold=args.near_threshold)
+    report = validate_run(args.out, model_profile=args.model_profile, only=args.only,
+                          workers=args.workers, thresholds=thresholds, decontaminate=decontaminate)
     print(msgspec.json.encode(report.to_builtins()).decode() if args.json else format_report(report))
     return exit_code(report, strict=args.strict)
 
+
+def _add_score(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("score", help="score a run's replies by the target model's own likelihood",
+                       description="Send every finished record back to the server to be scored "
+                                   "without generating; per record the mean NLL of the reply "
+                                   "and the mean top-K entropy go to RUN/<dataset>/scores.jsonl. "
+                                   "Incremental: records already scored are skipped.")
+    p.add_argument("out", type=Path, metavar="RUN", help="run directory (the --out of generate)")
+    p.add_argument("--server", required=True, help="SGLang server or sglang-router URL")
+    p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
+    p.add_argument("--concurrency", type=_positive_int, default=32, help="requests in flight (32)")
+    p.add_argument("--top-k", type=_positive_int, default=20,
+                   help="top logprobs per position for the entropy estimate (20)")
+    p.add_argument("--api-key-env", metavar="VAR",
+                   help="environment variable holding the API key (default: WORKBENCH_API_KEY, "
+                        "else SGLANG_API_KEY)")
+    p.set_defaults(func=_cmd_score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from workbench.analyze.score import format_summary, progress_view, score_run
+    from workbench.errors import ConfigError
+    from workbench.server.client import api_key_from_env, check_server_auth
+
+    server = _server_url(args.server)
+    api_key = api_key_from_env()
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ConfigError("--api-key-env", f"{args.api_key_env} is not set")
+        check_server_auth(server, api_key)
+    with progress_view(Console(stderr=True)) as on_progress:
+        summary = score_run(args.out, server, only=args.only, concurrency=args.concurrency,
+                            top_k=args.top_k, api_key=api_key, on_progress=on_progress)
+    print(format_summary(summary))
+    return 1 if summary.failed else 0
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="write training rows (token ids + loss mask) from a run",
@@ -375,7 +452,10 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--only", type=_csv, default=(), help="comma-separated dataset names")
     p.add_argument("--drop-truncated", action="store_true", help="leave out records cut at max_new_tokens")
     p.add_argument("--drop", type=_csv, default=(),
-                   help="leave out records failing these rules, e.g. reasoning_unclosed,empty_answer")
+                   help="leave out records failing these rules, e.g. reasoning_unclosed,repetition; "
+                        "duplicate, near_duplicate (replies equal or nearly equal to an earlier "
+                        "one) and contaminated (with --decontaminate) look across the run")
+    _add_decontaminate(p)
     p.add_argument("--limit", type=_positive_int, help="rows per dataset at most")
     p.add_argument("--shuffle", action="store_true", help="mix the rows of all datasets")
     p.add_argument("--seed", type=int, default=0, help="shuffle and sampling seed (0)")
@@ -405,7 +485,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             shuffle=args.shuffle, seed=args.seed, model_profile=args.model_profile,
                             tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
                             trainer=args.trainer, max_length=args.max_length,
-                            reasoning=args.reasoning, keep_truncated=args.keep_truncated)
+                            reasoning=args.reasoning, keep_truncated=args.keep_truncated,
+                            decontaminate=tuple(args.decontaminate),
+                            benchmark_field=args.benchmark_field, ngram=args.ngram)
     print(format_summary(export_run(args.out, args.to, options)))
     return 0
 
@@ -660,8 +742,8 @@ def _not_found_hint(url: str) -> str:
 
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
-    _add_sim, _add_generate, _add_stats, _add_validate, _add_monitor, _add_export, _add_report,
-    _add_explore, _add_tune, _add_init, _add_demo,
+    _add_sim, _add_generate, _add_stats, _add_validate, _add_score, _add_monitor, _add_export,
+    _add_report, _add_explore, _add_tune, _add_init, _add_demo,
 )
 
 

@@ -19,6 +19,8 @@ class ModelProfile(msgspec.Struct, frozen=True):
     a completion holds no think-start id and one think-end id. `thinking_kwarg` is the
     chat-template argument that switches thinking on. `sim_content_ids` is the range of the
     example tokenizer's ordinary (non-special) ids, the simulator's vocabulary.
+    `special_start` is the first special (reserved, control) id of the model's vocabulary:
+    the ids from it on are not text (None: the profile does not say).
     """
 
     name: str
@@ -30,6 +32,7 @@ class ModelProfile(msgspec.Struct, frozen=True):
     thinking_kwarg: str | None
     think_in_template: bool = True
     sim_content_ids: tuple[int, int] = (0, 1294)
+    special_start: int | None = None
 
     @property
     def is_reasoning(self) -> bool:
@@ -46,6 +49,7 @@ PROFILES: dict[str, ModelProfile] = {
         eos_id=163585,
         thinking_kwarg="thinking",
         think_in_template=True,
+        special_start=163584,
     ),
     "qwen3": ModelProfile(
         name="qwen3",
@@ -56,6 +60,7 @@ PROFILES: dict[str, ModelProfile] = {
         eos_id=151643,
         thinking_kwarg="enable_thinking",
         think_in_template=False,
+        special_start=151643,
     ),
     "plain": ModelProfile(
         name="plain",

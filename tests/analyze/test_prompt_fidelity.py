@@ -41,7 +41,8 @@ def plant(out: Path, records: list[Any], prompts: list[Any], name: str = "ds") -
 
 
 def ids(sid: int, length: int) -> PromptRecord:
-    return PromptRecord(sample_id=sid, input_ids=list(range(1, length + 1)))
+    """A prompt of `length` ids, unlike the other samples' (no duplicate findings)."""
+    return PromptRecord(sample_id=sid, input_ids=[sid * 10_000 + i for i in range(length)])
 
 
 def findings(out: Path, name: str = "ds", **options: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ KIMI = get_profile("kimi-k2.5")
 QWEN = get_profile("qwen3")
 TS, TE, END = 163606, 163607, 163586
 GOOD = [101, 102, TE, 201, 202, END]
-PROMPT = [1, 2, 3, 4, 5]  # the ids of every planted prompt: record() says prompt_tokens=5
+PROMPT = [1, 2, 3, 4, 5]  # a planted prompt's ids, shifted per prompt: prompt_tokens=5
 
 
 # --- planting --------------------------------------------------------------------------------
@@ -51,8 +51,9 @@ def plant(out: Path, name: str, records: list[Any], prompts: list[Any] | None = 
     (folder / "raw_responses.jsonl").write_bytes(data + raw_tail)
     if prompts is not None:
         (folder / "prompts.jsonl").write_bytes(b"".join(
-            p if isinstance(p, bytes) else encode_line(PromptRecord(sample_id=p, input_ids=PROMPT))
-            for p in prompts))
+            p if isinstance(p, bytes) else encode_line(PromptRecord(
+                sample_id=p, input_ids=[index * 100 + i for i in PROMPT]))  # distinct prompts
+            for index, p in enumerate(prompts)))
     return folder
 
 

@@ -4,6 +4,9 @@
     findings    a dataset's findings: counts, rates, severities, examples
     scan        the one scan of a run (validation and the reports' columns), cached
     validate    ``workbench validate``
+    quality     duplicates and benchmark contamination across a run
+    quality_frames  the data-quality section of a report, as shaped data
+    score       ``workbench score``: each reply's likelihood under the target
     stats       per-dataset statistics, refreshed incrementally (the monitor's too)
     counters    what the statistics count of each file
     eta         targets, rates, progress and ETA

@@ -15,7 +15,7 @@ is an error whatever its default severity. Findings come errors first, then in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -169,7 +169,7 @@ def _finding(
     rule: str, count: int, examples: list[Example], records: int, prompts: int | None,
     thresholds: Thresholds,
 ) -> Finding:
-    base = prompts if rule in ("missing_response", "unsent_budget") else records
+    base = prompts if rule in ("missing_response", "unsent_budget") or rule.endswith("_prompt") else records
     rate = count / base if base and rule != "no_prompts" else None
     severity = SEVERITY[rule]
     limit = thresholds.error_rate(rule)
@@ -179,10 +179,13 @@ def _finding(
 
 
 def dataset_report(
-    scan: FileScan, prompts: PromptIds | None, thresholds: Thresholds, budget_reached: bool = False
+    scan: FileScan, prompts: PromptIds | None, thresholds: Thresholds, budget_reached: bool = False,
+    data: Sequence[tuple[str, Tally]] = (),
 ) -> DatasetReport:
+    """The findings of one dataset; `data` adds the run-level tallies (file, tally) of
+    :mod:`workbench.analyze.quality`."""
     records = Tally(thresholds.max_examples)
-    tallies: list[tuple[str, Tally]] = [(RAW_FILE, scan.tally), (RAW_FILE, records)]
+    tallies: list[tuple[str, Tally]] = [(RAW_FILE, scan.tally), (RAW_FILE, records), *data]
     if scan.torn is not None:
         records.add("torn_line", *scan.torn)
     if prompts is not None:

@@ -39,6 +39,14 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     the template opens the reasoning (Kimi), one otherwise (Qwen3)
     stray_think_end       warning   more than one think-end id
     id_out_of_vocab       error     an output id outside [0, vocab_size)
+    (duplicates and contamination across the run: :mod:`workbench.analyze.quality`)
+    repetition            warning   a reply stuck in a loop: the share of its ids inside an
+                                    n-gram (repetition_ngram, 10) that occurs at least twice
+                                    in it is repetition_share (0.5) or more; the example gives
+                                    the share and the first repeated n-gram's position
+    special_heavy         warning   a reply whose special ids (the profile's special_start on,
+                                    the think, end and eos ids aside) are special_share (0.2)
+                                    of its ids or more, at least 4 of them
 
 `prompt_tokens_mismatch` compares only prompts sent as token ids (``input: input_ids``, and
 ``messages``, which the workbench tokenizes itself): prompts.jsonl holds their ids. A text
@@ -46,6 +54,10 @@ prompt (``input: text``) is tokenized by the server, so its length is not known 
 records are not compared; neither is any record when prompts.jsonl mixes text and ids. It is
 an error whatever the rate: such a record pairs a reply with a prompt the model never saw,
 which is wrong training data, not a matter of degree.
+
+A reply whose reasoning never reaches an answer is told by the reasoning rules below (a
+finished reply with no think-end id, `reasoning_unclosed`; nothing after it, `empty_answer`)
+and by `truncated`, whose example says when the cut fell inside the reasoning.
 
 The reasoning rules run when the model profile has a think-end id and the dataset did not
 switch thinking off (its ``chat_template_kwargs`` set the profile's thinking argument to
@@ -64,6 +76,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 import msgspec
 import numpy as np
 
+from workbench import sketch
 from workbench.profiles import ModelProfile
 from workbench.rundir.records import Row, missing_fields
 
@@ -107,6 +120,14 @@ SEVERITY: dict[str, Severity] = {
     "stray_think_start": "warning",
     "stray_think_end": "warning",
     "id_out_of_vocab": "error",
+    "repetition": "warning",
+    "special_heavy": "warning",
+    "duplicate_prompt": "warning",
+    "near_duplicate_prompt": "info",
+    "duplicate_reply": "warning",
+    "near_duplicate_reply": "info",
+    "contaminated_prompt": "warning",
+    "contaminated_reply": "warning",
 }
 
 RECORD_RULES: tuple[str, ...] = (
@@ -120,7 +141,9 @@ RECORD_RULES: tuple[str, ...] = (
     "stray_think_end",
     "empty_answer",
     "stray_think_start",
-    "context_reduced",  # last: the bits of the rules before it stay as cached scans hold them
+    "context_reduced",
+    "repetition",
+    "special_heavy",  # new rules go last: the bits of the rules before them keep their meaning
 )
 
 PROBLEM_RULES = {"malformed": "parse_error", "not_object": "parse_error",
@@ -132,7 +155,12 @@ PROMPT_RULES = {**PROBLEM_RULES, "no_id": "missing_field",
 
 class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Rates (share of a dataset's records, or prompts for missing_response) above which a
-    rule is an error whatever its default severity; 1.0 never escalates."""
+    rule is an error whatever its default severity; 1.0 never escalates. The last three are
+    the per-record limits of the degeneracy rules: `repetition` when the share of a reply's
+    ids inside a repeated `repetition_ngram`-gram reaches `repetition_share`,
+    `special_heavy` when its special ids reach `special_share` of it.
+    `near_duplicate_threshold` is the estimated Jaccard similarity from which two prompts or
+    replies are near duplicates (:mod:`workbench.analyze.quality`)."""
 
     truncated_error_rate: float = 0.05
     empty_output_error_rate: float = 0.01
@@ -144,7 +172,17 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     token_count_mismatch_error_rate: float = 1.0
     missing_response_error_rate: float = 1.0
     orphan_response_error_rate: float = 1.0
+    repetition_error_rate: float = 0.01
+    special_heavy_error_rate: float = 0.01
     max_examples: int = 5
+    repetition_share: float = 0.5
+    repetition_ngram: int = 10
+    special_share: float = 0.2
+    near_duplicate_threshold: float = sketch.DEFAULT_THRESHOLD
+
+    def record_limits(self) -> tuple[float, int, float]:
+        """What the per-record degeneracy rules depend on (a cached scan's key holds them)."""
+        return self.repetition_share, self.repetition_ngram, self.special_share
 
     def error_rate(self, rule: str) -> float | None:
         """The escalation rate of rule, or None when it has none."""
@@ -159,7 +197,9 @@ class _IdStats(NamedTuple):
     """Per-row facts about the output ids of a batch of rows, found with a few array passes.
 
     Positions are within the row's ids; -1 when absent. `after_end` is the id right after the
-    first think-end id (-1 when there is none).
+    first think-end id (-1 when there is none). `repeat` is the share of the row's ids inside
+    a repeated n-gram, `special` the number of its special ids (see the module docstring);
+    `flat` the batch's ids in one array, for the checks that follow the rules.
     """
 
     bad_vocab: list[int]
@@ -167,7 +207,9 @@ class _IdStats(NamedTuple):
     end_first: list[int]
     after_end: list[int]
     start_count: list[int]
-
+    repeat: list[float]
+    special: list[int]
+    flat: _Flat
 
 class _Flat(NamedTuple):
     """The ids of a batch of rows in one array; row i holds ids[starts[i]:ends[i]]."""
@@ -219,19 +261,19 @@ class _Flat(NamedTuple):
 
 
 def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> _IdStats:
-    if not id_lists:
-        return _IdStats([], [], [], [], [])
     flat = _Flat.of(id_lists)
     ids, n = flat.ids, len(id_lists)
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
+    repeat = sketch.repeat_share(ids, flat.starts, flat.ends, checker.repetition_ngram).tolist()
+    special = flat.count_where(checker.special_mask(ids)) if n else []
     profile = checker.profile
-    if not checker.reasoning:
-        return _IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n)
+    if not checker.reasoning or not n:
+        return _IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat)
     is_end = ids == profile.think_end
     end_first = flat.first_where(is_end)
     start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
     return _IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
-                    start_count)
+                    start_count, repeat, special, flat)
 
 
 class RecordChecker:
@@ -244,14 +286,27 @@ class RecordChecker:
     """
 
     def __init__(
-        self, profile: ModelProfile, *, vocab_size: int | None = None, reasoning: bool = True
+        self, profile: ModelProfile, *, vocab_size: int | None = None, reasoning: bool = True,
+        thresholds: Thresholds | None = None,
     ) -> None:
+        limits = thresholds or Thresholds()
+        self.repetition_share, self.repetition_ngram, self.special_share = limits.record_limits()
         self.profile = profile
         self.vocab_size = vocab_size if vocab_size is not None else profile.vocab_size
         self.reasoning = reasoning and profile.think_end is not None
         ends = (*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,)))
         self.end_ids = frozenset(ends)
         self.starts_allowed = 0 if profile.think_in_template else 1
+        expected = (*ends, profile.think_start, profile.think_end)
+        self._expected = np.array([i for i in expected if i is not None], dtype=np.int64)
+
+    def special_mask(self, ids: np.ndarray) -> np.ndarray:
+        """Where ids are special ids other than the think, end and eos ids (none without the
+        profile's special_start)."""
+        start = self.profile.special_start
+        if start is None:
+            return np.zeros(len(ids), dtype=bool)
+        return (ids >= start) & (ids < self.vocab_size) & ~np.isin(ids, self._expected)
 
     def failures(self, row: Row) -> set[str]:
         """The ids of the per-record rules row fails."""
@@ -315,7 +370,20 @@ class RecordChecker:
             found.append(("id_out_of_vocab", detail))
         if self.reasoning:
             self._reasoning_problems(ids, finish, stats, i, found)
+        self._degeneracy_problems(ids, stats, i, found)
         return found
+
+    def _degeneracy_problems(
+        self, ids: list[int], stats: _IdStats, i: int, found: list[tuple[str, str]]
+    ) -> None:
+        share = stats.repeat[i]
+        if share >= self.repetition_share and share > 0:
+            detail = f"{share:.0%} of {len(ids)} ids inside a repeated {self.repetition_ngram}-gram"
+            found.append(("repetition", detail))
+        special = stats.special[i]
+        if special >= 4 and special >= self.special_share * len(ids):
+            detail = f"{special} special ids of {len(ids)} ({special / len(ids):.0%})"
+            found.append(("special_heavy", detail))
 
     def _empty(self, ids: list[int], found: list[tuple[str, str]]) -> bool:
         """Record empty_output; True when the ids hold nothing but end ids."""

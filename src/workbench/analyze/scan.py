@@ -27,12 +27,19 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from workbench.analyze.findings import ValidationReport, dataset_report, read_prompt_ids
+from workbench.analyze.quality import (
+    QUALITY_VERSION,
+    Decontamination,
+    add_quality,
+    data_findings,
+)
 from workbench.analyze.rules import (
     PROBLEM_RULES,
     RECORD_RULES,
     RULE_BITS,
     RecordChecker,
     Thresholds,
+    _IdStats,
     reasoning_expected,
 )
 from workbench.errors import DataError
@@ -72,23 +79,27 @@ def scan_run(
     vocab_size: int | None = None,
     workers: int | None = None,
     cache: bool = True,
+    decontaminate: Decontamination | None = None,
 ) -> RunScan:
     """Read every raw file of run directory `out` once: validation and per-record columns.
 
     The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
     processes check large files (default: the CPU count, at most 16; 1 checks in-process).
     With `cache`, each file's scan is kept beside it and only bytes appended since are read
-    (see :mod:`workbench.rundir.columns`). DataError/ConfigError for bad input (not a run,
-    unreadable run.json, unknown profile).
+    (see :mod:`workbench.rundir.columns`). `decontaminate`: the benchmarks whose n-grams
+    are looked for in the replies (each record's ``overlap`` column). The run-level data
+    findings (duplicates, contamination: :mod:`workbench.analyze.quality`) join the report.
+    DataError/ConfigError for bad input (not a run, unreadable run.json, unknown profile).
     """
     thresholds = thresholds or Thresholds()
     run = load_run(out, only)
     profile = run.profile(model_profile)
     workers = workers or _default_workers()
     try:
-        files = [_file(ds.raw_path, _dataset_checker(ds, profile, vocab_size), thresholds, cache)
+        files = [_file(ds.raw_path, _dataset_checker(ds, profile, vocab_size, thresholds),
+                       thresholds, cache, decontaminate)
                  for ds in run.datasets]
-        jobs, owners = _plan_jobs(files, workers)
+        jobs, owners = _plan_jobs(files, workers, decontaminate)
         with _job_runner(jobs, workers) as results:
             prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
             scans = _merged(results, owners, files)
@@ -96,8 +107,9 @@ def scan_run(
             _save(files, scans, owners)
     except OSError as exc:
         raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
+    data = data_findings(run, scans, thresholds, decontaminate, cache=cache)
     reports = {ds.name: dataset_report(scan, prompt, thresholds,
-                                        ds.settings.get("budget_reached") is True)
+                                        ds.settings.get("budget_reached") is True, data[ds.name])
                for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
     report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports)
     return RunScan(run, profile, {ds.name: scan for ds, scan in zip(run.datasets, scans, strict=True)},
@@ -112,6 +124,7 @@ class _RangeJob:
     last: bool
     checker: RecordChecker
     max_examples: int
+    decontaminate: Decontamination | None = None
 
 
 def _scan_range(job: _RangeJob) -> FileScan:
@@ -130,14 +143,15 @@ def _scan_range(job: _RangeJob) -> FileScan:
             lines = block.first_line - 1 + block.lines
             if not job.last and block.end_offset > job.end:
                 lines = block.first_line - 1 + _count_lines(job.path, block.start_offset, job.end)
-            _scan_block(block, lines, job.checker, part)
+            _scan_block(block, lines, job.checker, part, job.decontaminate)
             part.lines = max(part.lines, lines)
             if job.last:
                 part.end_offset = block.end_offset
     return part
 
 
-def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan) -> None:
+def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan,
+                decontaminate: Decontamination | None = None) -> None:
     """Tally the block's problems and rows up to line `lines` (a torn line after it too),
     and add the rows' columns."""
     add = part.tally.add
@@ -158,11 +172,14 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
         for rule, detail in problems:
             if rule != "missing_field" or row.line not in bad_type:
                 add(rule, row.line, detail)
-    _add_columns(part.columns, rows, found, stats.end_first, checker)
+    _add_columns(part.columns, rows, found, stats, checker)
+    flat = stats.flat
+    add_quality(part.columns, flat.ids, flat.starts, flat.ends, stats.repeat, stats.special,
+                decontaminate)
 
 
 def _add_columns(
-    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], end_first: list[int],
+    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], stats: _IdStats,
     checker: RecordChecker,
 ) -> None:
     columns.line.extend(row.line for row in rows)
@@ -176,7 +193,7 @@ def _add_columns(
     columns.e2e_latency.extend(row.e2e_latency for row in rows)
     columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
                               for row in rows)
-    for row, first in zip(rows, end_first, strict=True):
+    for row, first in zip(rows, stats.end_first, strict=True):
         reasoning, answer, closed = checker.split(row.output_ids, first)
         columns.reasoning_tokens.append(reasoning)
         columns.answer_tokens.append(answer)
@@ -252,12 +269,15 @@ class _File(NamedTuple):
     stamp: Stamp | None
 
 
-def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool) -> _File:
+def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool,
+          decontaminate: Decontamination | None) -> _File:
     """The file with its cached scan (when `cache` and one fits), else an empty one."""
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
     key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples,
-                    RECORD_RULES)  # a scan made under other rules is not reused
+                    RECORD_RULES, thresholds.record_limits(), QUALITY_VERSION,
+                    None if decontaminate is None else decontaminate.key)
+    # a scan made under other rules, limits or benchmarks is not reused
     stamp = file_stamp(path)  # before any read: what a saved scan was read from
     found = load_cached(path, key) if cache else None
     if found is None:
@@ -265,7 +285,8 @@ def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: boo
     return _File(path, checker, key, found[0], found[1], True, stamp)
 
 
-def _plan_jobs(files: Sequence[_File], workers: int) -> tuple[list[_RangeJob], list[int]]:
+def _plan_jobs(files: Sequence[_File], workers: int, decontaminate: Decontamination | None,
+               ) -> tuple[list[_RangeJob], list[int]]:
     """The range jobs of what is new in the raw files, and the index of each one's file."""
     jobs: list[_RangeJob] = []
     owners: list[int] = []
@@ -276,7 +297,7 @@ def _plan_jobs(files: Sequence[_File], workers: int) -> tuple[list[_RangeJob], l
         for number, (start, end) in enumerate(ranges, start=1):
             last = number == len(ranges)
             jobs.append(_RangeJob(str(file.path), start, end, last, file.checker,
-                                  file.known.tally.max_examples))
+                                  file.known.tally.max_examples, decontaminate))
             owners.append(index)
     return jobs, owners
 
@@ -297,7 +318,7 @@ def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) 
 
 
 def _dataset_checker(
-    ds: DatasetDir, profile: ModelProfile, vocab_size: int | None
+    ds: DatasetDir, profile: ModelProfile, vocab_size: int | None, thresholds: Thresholds
 ) -> RecordChecker:
     reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
-    return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning)
+    return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning, thresholds=thresholds)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 
 from workbench.analyze.findings import Finding, ValidationReport
+from workbench.analyze.quality import Decontamination
 from workbench.analyze.rules import Thresholds
 from workbench.analyze.scan import scan_run
 
@@ -27,11 +28,13 @@ def validate_run(
     vocab_size: int | None = None,
     workers: int | None = None,
     cache: bool = True,
+    decontaminate: Decontamination | None = None,
 ) -> ValidationReport:
     """The findings of every dataset of run directory `out` (the arguments are
     :func:`~workbench.analyze.scan.scan_run`'s)."""
     return scan_run(out, model_profile=model_profile, thresholds=thresholds, only=only,
-                    vocab_size=vocab_size, workers=workers, cache=cache).report
+                    vocab_size=vocab_size, workers=workers, cache=cache,
+                    decontaminate=decontaminate).report
 
 
 def format_report(report: ValidationReport) -> str:

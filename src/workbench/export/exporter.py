@@ -45,7 +45,10 @@ Records dropped, by reason (the summary counts each record once, under the first
     duplicate_sample_id          a sample_id seen before in the file (the first is kept)
     orphan_response              no prepared prompt for the sample_id
     <rule>                       a rule of ``ExportOptions.drop`` (validate.RECORD_RULES, e.g.
-                                 truncated, reasoning_unclosed, empty_answer), in that order
+                                 truncated, reasoning_unclosed, repetition; or duplicate,
+                                 near_duplicate, contaminated: the run-level findings of
+                                 :mod:`workbench.analyze.quality`, the first copy kept), in
+                                 that order
     prompt_tokens_mismatch       a text prompt that tokenizes to another length
     limit                        beyond ``limit`` rows of the dataset: in file order, the
                                  records after the limit (not checked further); shuffled, the
@@ -67,9 +70,11 @@ from typing import Any
 
 import numpy as np
 
-from workbench.analyze.rules import RECORD_RULES
+from workbench.analyze.quality import Decontamination, flagged_samples, run_tokenizer
+from workbench.analyze.rules import RECORD_RULES, Thresholds
+from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError, DataError, WorkbenchError
-from workbench.export.options import DROP_REASONS, ExportOptions, ExportSummary
+from workbench.export.options import DROP_REASONS, RUN_DROPS, ExportOptions, ExportSummary
 from workbench.export.sinks import PARQUET_SUFFIXES, Sink, TrainerSink, atomic_sink, sink_factory
 from workbench.export.sources import READ_BLOCK_BYTES, Lines, Source, manifest_spec, open_source
 from workbench.export.trainers import (
@@ -163,10 +168,12 @@ def _check_options(options: ExportOptions) -> None:
     if options.format not in ("tokens", "conversations"):
         raise ConfigError("--format", f"unknown format {options.format!r} "
                                       "(known: tokens, conversations)")
-    unknown = [rule for rule in options.drop if rule not in RECORD_RULES]
+    known = (*RECORD_RULES, *RUN_DROPS)
+    unknown = [rule for rule in options.drop if rule not in known]
     if unknown:
-        raise ConfigError("--drop", f"unknown rule {unknown[0]!r} "
-                                    f"(known: {', '.join(RECORD_RULES)})")
+        raise ConfigError("--drop", f"unknown rule {unknown[0]!r} (known: {', '.join(known)})")
+    if "contaminated" in options.drop and not options.decontaminate:
+        raise ConfigError("--drop", "contaminated needs the benchmark files (--decontaminate FILE)")
     if options.limit is not None and options.limit < 1:
         raise ConfigError("--limit", f"expected a number of at least 1, got {options.limit}")
     if options.reasoning not in ("auto", "field", "inline"):
@@ -214,6 +221,7 @@ def export_run(
         for ds in run.datasets:
             sources.append(open_source(run, ds, profile, options))
             stack.callback(sources[-1].close)
+        _flag_run_drops(out, sources, options)
         sink = _write(sources, target, options)
     report = None
     if isinstance(sink, TrainerSink) and options.trainer is not None:
@@ -222,6 +230,28 @@ def export_run(
     rows = sum(source.stats.written for source in sources)
     return ExportSummary(str(target), options.format, rows, time.perf_counter() - started,
                          {source.name: source.stats for source in sources}, report)
+
+
+def _flag_run_drops(out: str | os.PathLike[str], sources: Sequence[Source],
+                    options: ExportOptions) -> None:
+    """Give each source the samples the run-level drops of the options leave out (from the
+    run's scan, its cache at work)."""
+    wanted = [name for name in options.drop if name in RUN_DROPS]
+    if not wanted:
+        return
+    decontaminate = None
+    run = load_run(out, options.only)
+    if options.decontaminate:
+        tokenizer = run_tokenizer(run, options.tokenizer, options.trust_remote_code)
+        decontaminate = Decontamination.load(options.decontaminate, field=options.benchmark_field,
+                                             ngram=options.ngram, tokenizer=tokenizer)
+    scan = scan_run(out, model_profile=options.model_profile, only=options.only,
+                    decontaminate=decontaminate)
+    flags = flagged_samples(scan.run, list(scan.files.values()), Thresholds(), decontaminate)
+    for source in sources:
+        found = flags.get(source.name, {})
+        source.flagged = {name: set().union(*(found.get(rule, set()) for rule in RUN_DROPS[name]))
+                          for name in wanted}
 
 
 def _trainer_outputs(trainer: Trainer, target: Path, entries: list[RowEntry], run: RunInfo,

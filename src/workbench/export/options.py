@@ -19,9 +19,15 @@ ReasoningCarry: TypeAlias = Literal["auto", "field", "inline"]
 
 SampleId: TypeAlias = int | str
 
+RUN_DROPS: dict[str, tuple[str, ...]] = {  # a --drop name -> the run-level rules it drops
+    "duplicate": ("duplicate_reply",),
+    "near_duplicate": ("duplicate_reply", "near_duplicate_reply"),
+    "contaminated": ("contaminated_prompt", "contaminated_reply"),
+}
+
 DROP_REASONS: tuple[str, ...] = (
     "parse_error", "torn_line", "missing_field", "duplicate_sample_id", "orphan_response",
-    *(rule for rule in RECORD_RULES if rule != "missing_field"),
+    *(rule for rule in RECORD_RULES if rule != "missing_field"), *RUN_DROPS,
     "prompt_tokens_mismatch", "limit",
 )
 
@@ -30,7 +36,10 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What to export; the CLI flags map one to one onto these fields.
 
     `drop`: ids of validate.RECORD_RULES whose failing records are left out ("truncated"
-    for --drop-truncated). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
+    for --drop-truncated), or of :data:`RUN_DROPS`: replies equal to an earlier one
+    ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
+    n-gram of a benchmark of `decontaminate` ("contaminated"; `benchmark_field` names the
+    benchmark files' prompt field, `ngram` the n). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
     `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
@@ -54,6 +63,9 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_length: int | None = None
     reasoning: ReasoningCarry = "auto"
     keep_truncated: bool = False
+    decontaminate: tuple[str, ...] = ()
+    benchmark_field: str | None = None
+    ngram: int = 13
 
     def drop_rules(self) -> tuple[str, ...]:
         """The rules whose failing records are left out: conversations also leave out

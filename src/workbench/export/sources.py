@@ -184,6 +184,7 @@ class Source:
         self.reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
         self.checker = RecordChecker(profile, reasoning=self.reasoning)
         self.drop = options.drop_rules()
+        self.flagged: dict[str, set[SampleId]] = {}  # a RUN_DROPS name -> the samples it drops
         self.stats = DatasetExport()
         self.seen: set[SampleId] = set()
         self.tokenizer: Any = None
@@ -217,7 +218,8 @@ class Source:
         if row.sample_id not in self.prompts:
             return "orphan_response"
         failed = {rule for rule, _ in problems}
-        return next((rule for rule in self.drop if rule in failed), None)
+        return next((rule for rule in self.drop if rule in failed
+                     or row.sample_id in self.flagged.get(rule, ())), None)
 
     def render(self, row: Row) -> OutRow | str:
         """The output row of a kept record, or the reason it is dropped after all."""

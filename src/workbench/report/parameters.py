@@ -46,7 +46,8 @@ REPORTS = ("token_distribution", "format_validation", "explore")
 
 DEMO_REPORTS = ("token_distribution", "format_validation")
 
-PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params", "compare_run_dir")
+PATH_PARAMETERS = ("run_dir", "tokenizer", "sweep_dir", "sweep_params", "compare_run_dir",
+                   "decontaminate")  # decontaminate: a list of paths
 
 _TYPE_NAMES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
                                "list": list, "dict": dict, "Any": Any}
@@ -210,13 +211,19 @@ def resolve_paths(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
     out = dict(values)
     root = data_root().resolve()
     packaged = base.resolve().is_relative_to(root)
+    def resolved(value: str) -> str:
+        given = Path(value).expanduser()
+        path = (base / given).resolve()
+        if packaged and not given.is_absolute() and path.is_relative_to(root / "outputs"):
+            path = Path.cwd().resolve() / path.relative_to(root)
+        return str(path)
+
     for key in PATH_PARAMETERS:
-        if isinstance(out.get(key), str) and out[key]:
-            given = Path(out[key]).expanduser()
-            path = (base / given).resolve()
-            if packaged and not given.is_absolute() and path.is_relative_to(root / "outputs"):
-                path = Path.cwd().resolve() / path.relative_to(root)
-            out[key] = str(path)
+        value = out.get(key)
+        if isinstance(value, str) and value:
+            out[key] = resolved(value)
+        elif isinstance(value, list):
+            out[key] = [resolved(v) if isinstance(v, str) and v else v for v in value]
     return out
 
 

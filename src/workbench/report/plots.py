@@ -46,6 +46,7 @@ __all__ = [
     "budget_figure",
     "budget_view",
     "cdf_figure",
+    "contamination_view",
     "examples_view",
     "explore_scatter",
     "findings_figure",
@@ -53,11 +54,14 @@ __all__ = [
     "findings_view",
     "finish_mix_figure",
     "histogram_figure",
+    "quality_view",
     "reasoning_figure",
     "record_view",
+    "repetition_figure",
     "report_header",
     "samples_view",
     "scatter_figure",
+    "scores_figure",
     "selection_view",
     "setup_notebook",
     "stats_view",
@@ -868,3 +872,93 @@ def _pvalue(value: object) -> str:
     if _nan(value):
         return "-"
     return "< 0.001" if float(value) < 0.001 else f"{float(value):.3f}"  # type: ignore[arg-type]
+
+
+# --- data quality ------------------------------------------------------------------------------
+
+_QUALITY_HEADERS = {
+    "duplicate_prompt": "dup prompts", "near_duplicate_prompt": "near-dup prompts",
+    "duplicate_reply": "dup replies", "near_duplicate_reply": "near-dup replies",
+    "contaminated_prompt": "contam. prompts", "contaminated_reply": "contam. replies",
+    "repetition": "loops", "special_heavy": "special-heavy", "no_answer": "no answer",
+}
+
+
+def quality_view(table: pd.DataFrame, *, benchmarks: bool = False) -> Rendered:
+    """The data-quality counts per dataset (quality_frames.quality_table), each with its share
+    of the dataset's records (prompts for the prompt columns)."""
+    rules = [c for c in _QUALITY_HEADERS if c in table.columns]
+    rows = []
+    for r in table.to_dict("records"):
+        cells: list[object] = [r["dataset"], _count(r["records"]), _count(r["prompts"])]
+        for rule in rules:
+            base = r["prompts"] if rule.endswith("_prompt") else r["records"]
+            count = int(r[rule])
+            share = f" ({count / base:.1%})" if count and base and not _nan(base) else ""
+            cells.append("-" if rule.startswith("contaminated") and not benchmarks
+                         else f"{count:,}{share}")
+        rows.append(cells)
+    headers = ["dataset", "records", "prompts", *(_QUALITY_HEADERS[r] for r in rules)]
+    body = _table(headers, rows, numeric=range(1, len(headers)),
+                  caption="Duplicates, benchmark contamination and degenerate replies")
+    note = ('<p class="wb-note">dup: the same ids (prompts: ids, or normalised words of a text) '
+            "as an earlier prompt or reply of the run (the first copy is not counted); near-dup: "
+            "a MinHash estimate of shingle overlap at the near-duplicate threshold or more; "
+            "contam.: holds an n-gram of a benchmark given with --decontaminate ('-': none "
+            "given); loops: a reply half inside repeated n-grams; special-heavy: special ids "
+            "a fifth of the reply; no answer: reasoning that never reached an answer (no "
+            "think-end id, nothing after it, or cut inside it).</p>")
+    return Rendered(f'<div class="wb-report">{body}{note}</div>', _records(table))
+
+
+def repetition_figure(hist: pd.DataFrame, threshold: float,
+                      title: str = "Share of each reply inside repeated n-grams") -> go.Figure:
+    """explore.histogram of quality_frames.repeat_shares, the repetition rule's limit marked;
+    the y axis is logarithmic: the few replies in a loop are what matters."""
+    if hist.empty:
+        return _empty(title, "no replies with ids")
+    colors, fig = _colors(hist), go.Figure()
+    for name, g in _present(hist):
+        fig.add_trace(go.Bar(
+            x=(g["left"] + g["right"]) / 2 * 100, y=g["count"], name=name,
+            marker_color=colors[name], width=(g["right"] - g["left"]) * 100 * 0.9 / max(1, len(_present(hist))),
+            customdata=list(zip(g["left"] * 100, g["right"] * 100, g["share"] * 100, strict=True)),
+            hovertemplate="%{customdata[0]:.0f}–%{customdata[1]:.0f}% repeated: %{y:,} replies "
+                          "(%{customdata[2]:.2f}%)<extra>" + html.escape(name) + "</extra>"))
+    fig.add_vline(x=threshold * 100, line={"color": SEVERITY_COLORS["warning"], "dash": "dash"},
+                  annotation_text=f"repetition rule: {threshold:.0%}", annotation_position="top")
+    fig.update_layout(title={"text": title}, barmode="group", xaxis_title="% of the reply's ids "
+                      "inside an n-gram that occurs twice or more", yaxis_title="replies (log)",
+                      xaxis={"range": [0, 100]})
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def contamination_view(table: pd.DataFrame) -> Rendered:
+    """Per benchmark and dataset, the prompts and replies holding one of its n-grams
+    (quality_frames.contamination_table)."""
+    if table.empty:
+        return Rendered('<div class="wb-report"><p class="wb-note">No benchmark given: '
+                        "pass <code>decontaminate</code> (benchmark files) to look for "
+                        "them.</p></div>", [])
+    rows = [[r["benchmark"], f"{r['items']:,}" + (f" ({r['skipped']:,} too short)" if r["skipped"] else ""),
+             r["dataset"], _count(r["prompts"]), _count(r["replies"])]
+            for r in table.to_dict("records")]
+    body = _table(["benchmark", "items", "dataset", "prompts", "replies"], rows, numeric=(3, 4),
+                  caption="Records holding an n-gram of a benchmark item")
+    return Rendered(f'<div class="wb-report">{body}</div>', _records(table))
+
+
+def scores_figure(scores: pd.DataFrame,
+                  title: str = "On-policy score: mean NLL of each reply under the target") -> go.Figure:
+    """Box plots of the per-record mean NLL per dataset (quality_frames.score_frame): replies
+    the target finds unlikely sit high."""
+    if scores.empty:
+        return _empty(title, "not scored: run workbench score RUN --server URL")
+    colors, fig = _colors(scores), go.Figure()
+    for name, g in _present(scores):
+        fig.add_trace(go.Box(y=g["nll"], name=name, marker_color=colors[name], boxpoints="outliers",
+                             customdata=_hover_ids(g["sample_id"]),
+                             hovertemplate="sample %{customdata}: NLL %{y:.3f}<extra></extra>"))
+    fig.update_layout(title={"text": title}, yaxis_title="mean NLL per token (nats)", showlegend=False)
+    return fig

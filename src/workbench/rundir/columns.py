@@ -53,7 +53,12 @@ class Columns(msgspec.Struct):
 
     ``output_len``, ``reasoning_tokens``, ``answer_tokens`` and ``closed`` come from the
     output ids (None without them; ``closed`` None without reasoning); ``failed`` is a
-    bit mask over :data:`workbench.analyze.rules.RECORD_RULES`.
+    bit mask over :data:`workbench.analyze.rules.RECORD_RULES`. The data-quality columns
+    (:mod:`workbench.sketch`; 0 or empty without output ids): ``repeat_share``
+    (share of the reply inside a repeated n-gram), ``special_ids`` (special ids counted by
+    the special_heavy rule), ``digest`` (a hash of the ids: exact duplicates),
+    ``signature`` (a MinHash signature: near duplicates) and ``overlap`` (a bit mask of the
+    benchmarks whose n-grams the reply holds; 0 when none were given).
     """
 
     line: list[int] = msgspec.field(default_factory=list)
@@ -70,6 +75,11 @@ class Columns(msgspec.Struct):
     answer_tokens: list[int | None] = msgspec.field(default_factory=list)
     closed: list[bool | None] = msgspec.field(default_factory=list)
     failed: list[int] = msgspec.field(default_factory=list)
+    repeat_share: list[float] = msgspec.field(default_factory=list)
+    special_ids: list[int] = msgspec.field(default_factory=list)
+    digest: list[int] = msgspec.field(default_factory=list)
+    signature: list[bytes] = msgspec.field(default_factory=list)
+    overlap: list[int] = msgspec.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.line)
