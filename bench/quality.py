@@ -36,7 +36,6 @@ import numpy as np
 from common import MB, best_seconds, iter_records
 from validate import DATASET, bench_run
 
-import workbench.analyze.quality as quality
 import workbench.analyze.scan as scan_module
 from workbench import sketch
 from workbench.analyze.quality import Decontamination
@@ -82,7 +81,8 @@ def quality_off() -> Iterator[None]:
 def grow(run: Path, share: float) -> int:
     """Append `share` more records (new sample ids, with their prompts); their count."""
     raw, prompts = run / DATASET / RAW_FILE, run / DATASET / PROMPTS_FILE
-    existing = sum(1 for _ in open(raw, "rb"))
+    with open(raw, "rb") as file:
+        existing = sum(1 for _ in file)
     count = max(1, int(existing * share))
     records = iter_records(seed=7)
     with open(raw, "ab") as out_raw, open(prompts, "ab") as out_prompts:

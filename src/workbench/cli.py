@@ -367,16 +367,20 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--tokenizer", help="tokenizer directory that reads the run's ids as words "
                                        "for --decontaminate (default: the run manifest's)")
     p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer run its own code")
-    p.add_argument("--near-threshold", type=_share, default=0.5,
-                   help="estimated Jaccard similarity from which prompts or replies are near "
-                        "duplicates (0.5)")
+    _add_near_threshold(p)
     p.set_defaults(func=_cmd_validate)
 
 
+def _add_near_threshold(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--near-threshold", type=_share, default=0.5,
+                   help="estimated Jaccard similarity from which replies are near duplicates "
+                        "(0.5; prompts: 0.9)")
+
+
 def _add_decontaminate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decontaminate", nargs="+", metavar="FILE", default=(),
-                   help="benchmark prompts (JSONL or Parquet) to look for in the prompts and "
-                        "replies: an n-gram of normalised words in common flags a record")
+    p.add_argument("--decontaminate", type=_csv, metavar="FILE,...", default=(),
+                   help="comma-separated benchmark files (JSONL or Parquet) to look for in the "
+                        "prompts and replies: an n-gram of normalised words in common flags a record")
     p.add_argument("--benchmark-field", metavar="FIELD",
                    help="the benchmark files' prompt field (default: the first of prompt, "
                         "question, problem, instruction, input, text, turns)")
@@ -456,6 +460,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         "duplicate, near_duplicate (replies equal or nearly equal to an earlier "
                         "one) and contaminated (with --decontaminate) look across the run")
     _add_decontaminate(p)
+    _add_near_threshold(p)
     p.add_argument("--limit", type=_positive_int, help="rows per dataset at most")
     p.add_argument("--shuffle", action="store_true", help="mix the rows of all datasets")
     p.add_argument("--seed", type=int, default=0, help="shuffle and sampling seed (0)")
@@ -487,7 +492,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             trainer=args.trainer, max_length=args.max_length,
                             reasoning=args.reasoning, keep_truncated=args.keep_truncated,
                             decontaminate=tuple(args.decontaminate),
-                            benchmark_field=args.benchmark_field, ngram=args.ngram)
+                            benchmark_field=args.benchmark_field, ngram=args.ngram,
+                            near_threshold=args.near_threshold)
     print(format_summary(export_run(args.out, args.to, options)))
     return 0
 

@@ -24,7 +24,6 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
-from workbench import sketch
 from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 
@@ -61,7 +60,10 @@ CONTEXT_FIT_MIN_TOKENS = 256  # the fewest new tokens a cut request may keep, by
 DedupMode = Literal["exact", "near", "off"]
 # As the YAML writes it: YAML 1.1 reads a bare `off` (or `no`) as false, which means "off".
 _DedupSetting = DedupMode | bool
-DEDUP_THRESHOLD = sketch.DEFAULT_THRESHOLD  # estimated Jaccard from which two prompts are near copies
+# The estimated Jaccard similarity from which two prompts are near copies: high, because
+# prompts of a dataset share a template (system prompt, tool schemas, chat template) that
+# makes different questions alike (at 0.5 most of a templated dataset would be skipped).
+DEDUP_THRESHOLD = 0.9
 Threshold = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]

@@ -20,7 +20,8 @@ class ModelProfile(msgspec.Struct, frozen=True):
     chat-template argument that switches thinking on. `sim_content_ids` is the range of the
     example tokenizer's ordinary (non-special) ids, the simulator's vocabulary.
     `special_start` is the first special (reserved, control) id of the model's vocabulary:
-    the ids from it on are not text (None: the profile does not say).
+    the ids from it on are not text (None: the profile does not say); `reply_special_ids` the
+    special ids an ordinary reply holds besides the think and end ids (tool-call markers).
     """
 
     name: str
@@ -33,6 +34,7 @@ class ModelProfile(msgspec.Struct, frozen=True):
     think_in_template: bool = True
     sim_content_ids: tuple[int, int] = (0, 1294)
     special_start: int | None = None
+    reply_special_ids: tuple[int, ...] = ()
 
     @property
     def is_reasoning(self) -> bool:
@@ -50,6 +52,7 @@ PROFILES: dict[str, ModelProfile] = {
         thinking_kwarg="thinking",
         think_in_template=True,
         special_start=163584,
+        reply_special_ids=(163595, 163596, 163597, 163598, 163599),  # <|tool_call...|> markers
     ),
     "qwen3": ModelProfile(
         name="qwen3",
@@ -61,6 +64,7 @@ PROFILES: dict[str, ModelProfile] = {
         thinking_kwarg="enable_thinking",
         think_in_template=False,
         special_start=151643,
+        reply_special_ids=(151657, 151658),  # <tool_call>, </tool_call>
     ),
     "plain": ModelProfile(
         name="plain",

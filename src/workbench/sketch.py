@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from workbench.errors import ConfigError, DataError
 
@@ -75,7 +73,6 @@ _MAX_PERM = 4096  # signature entries at most
 
 # Seeds of the independent hash functions (fixed: equal across processes).
 _SEED_TOKEN = 0x243F6A8885A308D3
-_SEED_POSITION = 0x13198A2E03707344
 _SEED_SHORT = 0xA4093822299F31D0
 _SEED_BAND = 0x082EFA98EC4E6C89
 _SEED_PROBE = 0x452821E638D01377
@@ -280,29 +277,25 @@ def _repeated(hashes: np.ndarray, first: np.ndarray, row: np.ndarray, rows: int,
     return positions[repeated]
 
 
-def _digests(rows: _Rows) -> np.ndarray:
-    """A 64-bit hash of each row's whole sequence (see :func:`digest`)."""
-    lengths = rows.lengths
-    local = np.arange(len(rows.values), dtype=np.int64) - np.repeat(rows.offsets[:-1], lengths)
-    spread = _mix(rows.values, _SEED_TOKEN)
-    spread += local.view(_U64) * _U64(_SEED_POSITION | 1)
-    sums = np.zeros(len(rows.values) + 1, dtype=_U64)
-    np.cumsum(_mix(spread, _SEED_POSITION), out=sums[1:])
-    per_row = sums[rows.offsets[1:]] - sums[rows.offsets[:-1]]
-    return _mix(per_row ^ _mix(lengths.view(_U64), _SEED_LENGTH))
-
-
 def digest(
     ids: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
     ends: np.ndarray | Sequence[int],
 ) -> np.ndarray:
     """Per row, a 64-bit hash of its whole id sequence (uint64), for exact duplicates.
 
-    Equal sequences give equal digests in any block or process; different ones differ but
-    with a chance of about 2**-64: each (position, id) pair is mixed to 64 random-looking
-    bits, the row's sum is taken with one cumulative sum, and the length is mixed in.
+    The BLAKE2b digest of the row's ids as 64-bit values (int64 ids and their uint64 view
+    give the same bytes): one C call a row, about ten times faster on long rows than numpy
+    passes over every id (0.47 s against 5.6 s for 60M ids). Equal sequences give equal
+    digests in any block or process; different ones differ but with a chance of 2**-64.
     """
-    return _digests(_rows(ids, starts, ends))
+    values = np.ascontiguousarray(_as_u64(ids))
+    data = values.view(np.uint8).data
+    first = np.asarray(starts, dtype=np.int64).tolist()
+    last = np.asarray(ends, dtype=np.int64).tolist()
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(data[s * 8:e * 8], digest_size=8).digest(), "little")
+         for s, e in zip(first, last, strict=True)),
+        dtype=_U64, count=len(first))
 
 
 def exact_duplicates(digests: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -355,7 +348,7 @@ def _signature_part(rows: _Rows, shingle: int, num_perm: int) -> np.ndarray:
     hashes, _, row = _windows(rows, shingle)
     short = np.flatnonzero(rows.lengths < shingle)
     if len(short):
-        whole = _mix(_digests(_rows(rows.values, rows.offsets[short], rows.offsets[short + 1])),
+        whole = _mix(digest(rows.values, rows.offsets[short], rows.offsets[short + 1]),
                      _SEED_SHORT)
         hashes, row = np.concatenate([hashes, whole]), np.concatenate([row, short])
     bins = ((hashes >> _U64(_VALUE_BITS)) * _U64(num_perm)) >> _U64(64 - _VALUE_BITS)
@@ -410,12 +403,24 @@ def _probes(num_perm: int) -> np.ndarray:
 
 @functools.cache
 def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows per band) for LSH at `threshold` over num_perm entries: datasketch's
-    choice (MinHashLSH weighs false positives and false negatives equally)."""
-    from datasketch import MinHashLSH  # imports scipy: only when near duplicates are asked for
+    """(bands, rows per band) for LSH at `threshold` over num_perm entries: the choice of
+    datasketch's MinHashLSH (``_optimal_param``, false positives and negatives weighed
+    equally), with its integrals taken on a grid in numpy: importing datasketch (and scipy)
+    took half a second of every validation. A test checks both choose the same."""
+    pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)],
+                     dtype=np.float64)
+    bands, rows = pairs[:, :1], pairs[:, 1:]
+    below = np.linspace(0.0, threshold, 1001)
+    above = np.linspace(threshold, 1.0, 1001)
+    false_positive = _integral(1 - (1 - below ** rows) ** bands, below)
+    false_negative = _integral((1 - above ** rows) ** bands, above)
+    best = int(np.argmin(false_positive + false_negative))
+    return int(pairs[best, 0]), int(pairs[best, 1])
 
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-    return int(lsh.b), int(lsh.r)
+
+def _integral(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per row of values (taken at the points `at`), the trapezoid rule's integral."""
+    return ((values[:, 1:] + values[:, :-1]) / 2 * np.diff(at)).sum(axis=1)
 
 
 def near_duplicates(sigs: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarray:
@@ -561,7 +566,8 @@ def word_hashes(text: str) -> np.ndarray:
 class PieceDecoder:
     """A tokenizer's ids to words, a block of rows at once.
 
-    Built once per tokenizer: `pieces` holds each id's text as UTF-8 bytes (index `size`, for
+    Built once per tokenizer (`digest` names the table: a cache key): `pieces` holds each
+    id's text as UTF-8 bytes (index `size`, for
     ids outside the vocabulary, is empty). A piece is the text the id adds after a plain word
     (``decode([anchor, id])`` less ``decode([anchor])``), so it carries its leading space
     whatever the tokenizer's decoder (byte-level BPE, SentencePiece, word level). For byte-level
@@ -572,6 +578,7 @@ class PieceDecoder:
     def __init__(self, tokenizer: Any) -> None:
         self.pieces = _piece_table(tokenizer)
         self.size = len(self.pieces) - 1
+        self.digest = hashlib.sha256(b"\0".join(self.pieces.tolist())).hexdigest()
 
     def text(self, ids: np.ndarray | Sequence[int]) -> str:
         """The text of a sequence of ids (invalid UTF-8 replaced)."""
@@ -803,6 +810,9 @@ def _jsonl_prompts(path: Path, content: bytes, field: str | None) -> tuple[str, 
 
 def _parquet_prompts(path: Path, content: bytes, field: str | None) -> tuple[str, list[str]]:
     """(the column used, each row's prompt) of a Parquet file."""
+    import pyarrow as pa  # here: the sketches load with every command, Parquet seldom
+    import pyarrow.parquet as pq
+
     try:
         table = pq.ParquetFile(pa.BufferReader(content))
         columns = table.schema_arrow.names

@@ -49,7 +49,7 @@ def two_datasets(out: Path) -> None:
     """a: three clean replies, a loop, a special-heavy one; b: an exact copy of a's first reply,
     a near copy of its second, one of its own; b's first prompt repeats a's first."""
     loop = [*reply(5, 100)[:100], *([11, 12, 13, 14, 15, 16, 17] * 60), TE, 21, END]
-    special = [*reply(6, 40)[:40], *([163590, 163595, 163600] * 10), TE, 22, END]
+    special = [*reply(6, 40)[:40], *([163590, 163591, 163600] * 10), TE, 22, END]
     plant(out, "a", [record(0, reply(0)), record(1, reply(1)), record(2, reply(2)),
                      record(3, loop), record(4, special)])
     prompts_file(out / "a", [PromptRecord(sample_id=i, input_ids=list(range(i * 100, i * 100 + 40)))
@@ -69,11 +69,13 @@ def test_degenerate_replies_are_told_by_the_record_rules() -> None:
     from test_validate import row_of
     assert "repetition" in checker.failures(row_of(record(0, loop)))
     assert "repetition" not in checker.failures(row_of(record(0, reply(3))))
-    special = [*reply(6, 40)[:40], *([163590, 163595, 163600] * 10), TE, 22, END]
+    special = [*reply(6, 40)[:40], *([163590, 163591, 163600] * 10), TE, 22, END]
     problems = dict(checker.problems(row_of(record(0, special))))
     assert problems["special_heavy"].startswith("30 special ids of 73")
-    # think, end and eos ids are expected special ids, never counted
+    # think, end and eos ids are expected special ids, and so are tool-call markers
     assert "special_heavy" not in checker.failures(row_of(record(0, [5, TE, 6, END])))
+    tool_call = [5, TE, 163595, 163597, 7, 163598, 8, 163599, 163596, END]
+    assert "special_heavy" not in checker.failures(row_of(record(0, tool_call)))
     lenient = RecordChecker(KIMI, thresholds=Thresholds(repetition_share=0.95))
     assert "repetition" not in lenient.failures(row_of(record(0, loop)))
 
@@ -99,10 +101,19 @@ def test_a_grown_run_compares_new_records_with_the_cached_ones(tmp_path: Path) -
     assert "duplicate_reply" not in findings(first, "a")
     with open(tmp_path / "a" / "raw_responses.jsonl", "ab") as file:
         file.write(encode_line(record(5, reply(2))))  # a copy of a's own third reply
+    with open(tmp_path / "a" / "prompts.jsonl", "ab") as file:
+        file.write(encode_line(PromptRecord(sample_id=5, input_ids=list(range(200, 240)))))
+        file.write(b'{"sample_id": 6, "input_')  # torn: read once it is whole
     grown = validate_run(tmp_path, workers=1)
     found = findings(grown, "a")["duplicate_reply"]
     assert found.count == 1 and found.examples[0].line == 6
     assert findings(grown, "b")["duplicate_reply"].count == 1  # the old finding stays
+    prompt = findings(grown, "a")["duplicate_prompt"]  # the appended prompt repeats sample 2's
+    assert (prompt.count, prompt.examples[0].line) == (1, 6)
+    with open(tmp_path / "a" / "prompts.jsonl", "ab") as file:
+        file.write(b'ids": [300, 301]}\n' + encode_line(PromptRecord(sample_id=7, text="x")))
+    prompts = findings(validate_run(tmp_path, workers=1), "a")
+    assert prompts["duplicate_prompt"].count == 1 and prompts["missing_response"].count == 2
 
 
 def bench_file(folder: Path, lines: list[Any]) -> Path:
@@ -122,8 +133,10 @@ def test_benchmark_ngrams_are_found_in_text_prompts_and_in_replies(tmp_path: Pat
                                                        "current city; the")))
     write_run_json(tmp_path, model_profile="kimi-k2.5", datasets=[{"name": "t"}])
     bench = bench_file(tmp_path, [{"question": BENCH_TEXT}, {"question": "too short"}])
+    no_ids = scan_run(tmp_path, workers=1, decontaminate=Decontamination.load([bench])).report
+    assert "contaminated_reply" not in findings(no_ids, "t")  # ids not read without a tokenizer
     benchmarks = Decontamination.load([bench], tokenizer=tokenizer)
-    report = scan_run(tmp_path, workers=1, decontaminate=benchmarks).report
+    report = scan_run(tmp_path, workers=1, decontaminate=benchmarks).report  # not the cached scan
     found = findings(report, "t")
     assert found["contaminated_prompt"].count == 1  # the 12-word quote is not a 13-gram
     assert "sample_id 'x' holds a 13-gram of bench" in found["contaminated_prompt"].examples[0].detail
@@ -162,4 +175,11 @@ def test_export_drops_duplicates_and_near_duplicates_keeping_the_first(tmp_path:
     assert "near_duplicate 2" in done.stdout and "repetition 1" in done.stdout
     refused = workbench("export", str(run), "--to", str(tmp_path / "c.jsonl"), "--drop", "contaminated")
     assert refused.returncode == 2 and "--decontaminate" in refused.stderr
+    bench = bench_file(tmp_path, [{"prompt": BENCH_TEXT}])
+    unused = workbench("export", str(run), "--to", str(tmp_path / "c.jsonl"), "--decontaminate", str(bench))
+    assert unused.returncode == 2 and "goes with --drop contaminated" in unused.stderr
     assert not (tmp_path / "c.jsonl").exists()
+    only = workbench("export", str(run), "--to", str(tmp_path / "b.jsonl"), "--only", "b",
+                     "--drop", "duplicate")  # a's copy still makes b/10 a duplicate
+    assert only.returncode == 0, only.stderr
+    assert "duplicate 1" in only.stdout

@@ -239,11 +239,19 @@ def test_near_duplicates_drops_bucket_mates_below_the_threshold() -> None:
         near_duplicates(sigs, threshold=1.5)
 
 
-def test_lsh_bands_come_from_datasketch() -> None:
+def test_lsh_bands_are_datasketchs_choice() -> None:
     from datasketch import MinHashLSH
 
-    lsh = MinHashLSH(threshold=0.7, num_perm=64)
-    assert sketch.lsh_bands(0.7, 64) == (lsh.b, lsh.r)
+    compared = 0
+    for num_perm in (32, 64, 128, 256):
+        for threshold in (x / 100 for x in range(10, 96, 5)):
+            try:
+                lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+            except ValueError:  # datasketch refuses a single band
+                continue
+            assert sketch.lsh_bands(threshold, num_perm) == (lsh.b, lsh.r), (threshold, num_perm)
+            compared += 1
+    assert compared > 60
 
 
 def test_ngram_hashes_are_equal_for_equal_ngrams_in_any_row() -> None:

@@ -8,9 +8,12 @@ The per-record degeneracy rules (``repetition``, ``special_heavy``) are
                                      words) equals an earlier prompt's, in this dataset or an
                                      earlier one: the budget spent twice (prompts)
     near_duplicate_prompt  info      a prompt whose MinHash estimate of shingle Jaccard with an
-                                     earlier one is near_duplicate_threshold (0.8) or more (prompts)
+                                     earlier one is near_duplicate_prompt_threshold (0.9) or
+                                     more: high, as a dataset's template (system prompt, tool
+                                     schemas) makes different questions alike (prompts)
     duplicate_reply        warning   a reply whose output ids equal an earlier reply's (raw)
-    near_duplicate_reply   info      a reply nearly equal to an earlier one: templated answers
+    near_duplicate_reply   info      a reply nearly equal to an earlier one (estimated Jaccard of
+                                     near_duplicate_threshold, 0.5, or more): templated answers
                                      that teach a drafter nothing new (raw)
     contaminated_prompt    warning   a prompt holding an n-gram (13 normalised words) of a
                                      benchmark given with --decontaminate (prompts)
@@ -29,6 +32,7 @@ figures. A prompts file's figures are kept beside it while it is unchanged.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from workbench import sketch
 from workbench.analyze.rules import Thresholds
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError
-from workbench.rundir.cache import cache_key, file_stamp, load_summary, save_summary
+from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
 from workbench.rundir.records import PromptRecord, SampleId
@@ -60,7 +64,7 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 1  # bump when the kept figures change meaning
+QUALITY_VERSION = 2  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
@@ -79,7 +83,8 @@ class Decontamination:
 
     @property
     def key(self) -> str:
-        return self.benchmarks.digest
+        """The benchmarks' digest and the decoder's (another tokenizer reads other words)."""
+        return f"{self.benchmarks.digest}:{self.decoder.digest if self.decoder else 'no-ids'}"
 
     @property
     def names(self) -> list[str]:
@@ -110,8 +115,15 @@ class Decontamination:
 
 
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The tokenizer that decodes the run's ids: `tokenizer` (a directory), else the one the
-    run's manifest names; ConfigError saying how to give one."""
+    """The tokenizer that decodes the run's ids: `tokenizer` (a directory), else the first one
+    run.json records for its datasets, else the one the run's manifest names; ConfigError
+    saying how to give one. One tokenizer reads every dataset."""
+    recorded = [ds.settings.get("tokenizer") for ds in run.datasets]
+    recorded = [path for path in recorded if isinstance(path, str) and path]
+    if tokenizer is None and recorded:
+        tokenizer = recorded[0]
+        trust_remote_code = trust_remote_code or any(
+            ds.settings.get("trust_remote_code") is True for ds in run.datasets)
     if tokenizer is None:
         source = run.manifest.get("manifest_file")
         try:
@@ -156,13 +168,20 @@ class _Rows(NamedTuple):
 
 
 class _PromptFigures(msgspec.Struct):
-    """What the quality rules keep of a prompts file (one entry per first line of an id)."""
+    """What the quality rules keep of a prompts file: one entry per sample id's first line,
+    and the lines read (a file that grew is read from where this stopped)."""
 
     sample_id: list[SampleId] = msgspec.field(default_factory=list)
     line: list[int] = msgspec.field(default_factory=list)
     digest: list[int] = msgspec.field(default_factory=list)
     signature: list[bytes] = msgspec.field(default_factory=list)
     overlap: list[int] = msgspec.field(default_factory=list)
+    lines: int = 0
+
+    def extend(self, other: _PromptFigures) -> None:
+        for name in ("sample_id", "line", "digest", "signature", "overlap"):
+            getattr(self, name).extend(getattr(other, name))
+        self.lines += other.lines
 
 
 def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
@@ -201,7 +220,7 @@ def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
              thresholds.near_duplicate_threshold, flags)
     _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
     prompts = _prompt_rows(run, decontaminate, cache)
-    _compare(prompts, "prompt", thresholds.near_duplicate_threshold, flags)
+    _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags)
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
     return flags
 
@@ -221,10 +240,11 @@ def _comparable(columns: Columns, min_ids: int) -> np.ndarray:
     keep: list[int] = []
     for index, (sample_id, length) in enumerate(
             zip(columns.sample_id, columns.output_len, strict=True)):
-        if sample_id is None or not length or length < min_ids or sample_id in seen:
+        if sample_id is None or sample_id in seen:
             continue
-        seen.add(sample_id)
-        keep.append(index)
+        seen.add(sample_id)  # the first record of a sample id is the one exports keep
+        if length and length >= min_ids:
+            keep.append(index)
     return np.asarray(keep, dtype=np.int64)
 
 
@@ -320,47 +340,69 @@ def _prompt_rows(run: RunInfo, decontaminate: Decontamination | None, cache: boo
 
 def _prompt_figures(path: Path, decontaminate: Decontamination | None,
                     cache: bool) -> _PromptFigures:
+    """The figures of every prompt of path: kept ones, and those of the lines appended since."""
     key = cache_key("quality-prompts", QUALITY_VERSION,
                     None if decontaminate is None else decontaminate.key)
-    if cache:
-        found = load_summary(path, "quality", key, _PromptFigures)
-        if found is not None:
-            return found
-    stamp = file_stamp(path)
-    figures = _read_prompt_figures(path, decontaminate)
-    if cache:
-        save_summary(path, "quality", key, stamp, figures)
-    return figures
+    found = load_appended(path, "quality", key, _PromptFigures) if cache else None
+    known, offset = found if found is not None else (_PromptFigures(), 0)
+    stamp = file_stamp(path)  # before the read: what a saved summary was read from
+    new, end = _read_prompt_figures(path, offset, known, decontaminate)
+    known.extend(new)
+    if cache and end > offset:
+        save_appended(path, "quality", key, known, end, stamp)
+    return known
 
 
-_DECODER = msgspec.json.Decoder(PromptRecord)
+_LINES = msgspec.json.Decoder(PromptRecord)
 
 
-def _read_prompt_figures(path: Path, decontaminate: Decontamination | None) -> _PromptFigures:
-    """Each prompt's figures (its first line only; unreadable lines are validate's to tell)."""
-    seen: set[SampleId] = set()
+def _read_prompt_figures(path: Path, offset: int, known: _PromptFigures,
+                         decontaminate: Decontamination | None) -> tuple[_PromptFigures, int]:
+    """The figures of the whole lines of path after byte offset (each sample id's first line
+    only; unreadable lines are validate's to tell), and the offset after the last one."""
+    with open(path, "rb") as file:
+        file.seek(offset)
+        data = file.read()
+    data = data[: data.rfind(b"\n") + 1]  # a torn last line waits for its end
+    seen = set(known.sample_id)
     lines: list[int] = []
     records: list[PromptRecord] = []
-    with open(path, "rb") as file:
-        for number, data in enumerate(file, start=1):
-            try:
-                record = _DECODER.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if record.sample_id in seen or (record.input_ids is None and record.text is None):
-                continue
-            seen.add(record.sample_id)
-            lines.append(number)
-            records.append(record)
-    tokens = [np.asarray(r.input_ids, dtype=np.uint64) if r.input_ids is not None
-              else sketch.word_hashes(r.text or "") for r in records]
-    flat, starts, ends = _concat(tokens)
-    digests = sketch.digest(flat, starts, ends) if records else np.zeros(0, dtype=np.uint64)
-    signatures = (sketch.signatures(flat, starts, ends).astype(_SIGNATURE) if records
-                  else np.zeros((0, 1), dtype=_SIGNATURE))
-    overlap = _prompt_overlaps(records, decontaminate)
-    return _PromptFigures([r.sample_id for r in records], lines, digests.tolist(),
-                          [row.tobytes() for row in signatures], overlap.tolist())
+    for number, line in enumerate(data.split(b"\n")[:-1], start=known.lines + 1):
+        try:
+            record = _LINES.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if record.sample_id in seen or (record.input_ids is None and record.text is None):
+            continue
+        seen.add(record.sample_id)
+        lines.append(number)
+        records.append(record)
+    flat, starts, ends = _prompt_tokens(records)
+    figures = _PromptFigures([r.sample_id for r in records], lines,
+                             sketch.digest(flat, starts, ends).tolist(),
+                             [row.tobytes() for row in
+                              sketch.signatures(flat, starts, ends).astype(_SIGNATURE)],
+                             _prompt_overlaps(records, decontaminate).tolist(),
+                             data.count(b"\n"))
+    return figures, offset + len(data)
+
+
+def _prompt_tokens(records: Sequence[PromptRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The prompts' content back to back: their ids, or their text's word hashes."""
+    if all(r.input_ids is not None for r in records):
+        lists = [r.input_ids or [] for r in records]
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
+                               count=int(lengths.sum())).view(np.uint64)
+        except OverflowError:  # an id past 64 bits: out of any vocabulary, so clipped
+            flat = np.array([min(max(i, -1), 1 << 62) for i in itertools.chain.from_iterable(lists)],
+                            dtype=np.int64).view(np.uint64)
+        ends = np.cumsum(lengths)
+        return flat, ends - lengths, ends
+    return _concat([np.asarray(r.input_ids, dtype=np.int64).view(np.uint64)
+                    if r.input_ids is not None else sketch.word_hashes(r.text or "")
+                    for r in records])
 
 
 def _prompt_overlaps(records: Sequence[PromptRecord],

@@ -45,8 +45,8 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     in it is repetition_share (0.5) or more; the example gives
                                     the share and the first repeated n-gram's position
     special_heavy         warning   a reply whose special ids (the profile's special_start on,
-                                    the think, end and eos ids aside) are special_share (0.2)
-                                    of its ids or more, at least 4 of them
+                                    the think, end, eos and tool-call ids aside) are
+                                    special_share (0.2) of its ids or more, at least 4 of them
 
 `prompt_tokens_mismatch` compares only prompts sent as token ids (``input: input_ids``, and
 ``messages``, which the workbench tokenizes itself): prompts.jsonl holds their ids. A text
@@ -159,8 +159,9 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     the per-record limits of the degeneracy rules: `repetition` when the share of a reply's
     ids inside a repeated `repetition_ngram`-gram reaches `repetition_share`,
     `special_heavy` when its special ids reach `special_share` of it.
-    `near_duplicate_threshold` is the estimated Jaccard similarity from which two prompts or
-    replies are near duplicates (:mod:`workbench.analyze.quality`)."""
+    `near_duplicate_threshold` is the estimated Jaccard similarity from which two replies are
+    near duplicates, `near_duplicate_prompt_threshold` two prompts (higher: a dataset's
+    template makes its prompts alike; :mod:`workbench.analyze.quality`)."""
 
     truncated_error_rate: float = 0.05
     empty_output_error_rate: float = 0.01
@@ -172,13 +173,14 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     token_count_mismatch_error_rate: float = 1.0
     missing_response_error_rate: float = 1.0
     orphan_response_error_rate: float = 1.0
-    repetition_error_rate: float = 0.01
-    special_heavy_error_rate: float = 0.01
+    repetition_error_rate: float = 0.05
+    special_heavy_error_rate: float = 0.05
     max_examples: int = 5
     repetition_share: float = 0.5
     repetition_ngram: int = 10
     special_share: float = 0.2
     near_duplicate_threshold: float = sketch.DEFAULT_THRESHOLD
+    near_duplicate_prompt_threshold: float = 0.9
 
     def record_limits(self) -> tuple[float, int, float]:
         """What the per-record degeneracy rules depend on (a cached scan's key holds them)."""
@@ -193,7 +195,7 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _ENDED_EARLY = ("length", "abort")
 
 
-class _IdStats(NamedTuple):
+class IdStats(NamedTuple):
     """Per-row facts about the output ids of a batch of rows, found with a few array passes.
 
     Positions are within the row's ids; -1 when absent. `after_end` is the id right after the
@@ -260,7 +262,7 @@ class _Flat(NamedTuple):
         return ids
 
 
-def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> _IdStats:
+def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> IdStats:
     flat = _Flat.of(id_lists)
     ids, n = flat.ids, len(id_lists)
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
@@ -268,11 +270,11 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> _IdStats
     special = flat.count_where(checker.special_mask(ids)) if n else []
     profile = checker.profile
     if not checker.reasoning or not n:
-        return _IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat)
+        return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat)
     is_end = ids == profile.think_end
     end_first = flat.first_where(is_end)
     start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
-    return _IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
+    return IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
                     start_count, repeat, special, flat)
 
 
@@ -297,7 +299,7 @@ class RecordChecker:
         ends = (*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,)))
         self.end_ids = frozenset(ends)
         self.starts_allowed = 0 if profile.think_in_template else 1
-        expected = (*ends, profile.think_start, profile.think_end)
+        expected = (*ends, profile.think_start, profile.think_end, *profile.reply_special_ids)
         self._expected = np.array([i for i in expected if i is not None], dtype=np.int64)
 
     def special_mask(self, ids: np.ndarray) -> np.ndarray:
@@ -320,7 +322,7 @@ class RecordChecker:
         """The problems of each row (see :meth:`problems`), the ids of all checked at once."""
         return self._check(rows)[0]
 
-    def _check(self, rows: Sequence[Row]) -> tuple[list[list[tuple[str, str]]], _IdStats]:
+    def _check(self, rows: Sequence[Row]) -> tuple[list[list[tuple[str, str]]], IdStats]:
         """The problems of each row and the facts about their ids."""
         stats = _id_stats([row.output_ids or [] for row in rows], self)
         return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
@@ -340,7 +342,7 @@ class RecordChecker:
             return body, 0, False
         return end_first, max(0, body - end_first - 1), True
 
-    def _row_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
+    def _row_problems(self, row: Row, stats: IdStats, i: int) -> list[tuple[str, str]]:
         found = self._reply_problems(row, stats, i)
         reduced = row.max_new_tokens_reduced
         if reduced is not None:
@@ -348,7 +350,7 @@ class RecordChecker:
             found.append(("context_reduced", detail))
         return found
 
-    def _reply_problems(self, row: Row, stats: _IdStats, i: int) -> list[tuple[str, str]]:
+    def _reply_problems(self, row: Row, stats: IdStats, i: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         missing = missing_fields(row)
         if missing:
@@ -374,7 +376,7 @@ class RecordChecker:
         return found
 
     def _degeneracy_problems(
-        self, ids: list[int], stats: _IdStats, i: int, found: list[tuple[str, str]]
+        self, ids: list[int], stats: IdStats, i: int, found: list[tuple[str, str]]
     ) -> None:
         share = stats.repeat[i]
         if share >= self.repetition_share and share > 0:
@@ -399,7 +401,7 @@ class RecordChecker:
         return detail
 
     def _reasoning_problems(
-        self, ids: list[int], finish: str | None, stats: _IdStats, i: int,
+        self, ids: list[int], finish: str | None, stats: IdStats, i: int,
         found: list[tuple[str, str]],
     ) -> None:
         end, start = self.profile.think_end, self.profile.think_start

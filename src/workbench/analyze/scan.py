@@ -37,9 +37,9 @@ from workbench.analyze.rules import (
     PROBLEM_RULES,
     RECORD_RULES,
     RULE_BITS,
+    IdStats,
     RecordChecker,
     Thresholds,
-    _IdStats,
     reasoning_expected,
 )
 from workbench.errors import DataError
@@ -179,7 +179,7 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
 
 
 def _add_columns(
-    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], stats: _IdStats,
+    columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], stats: IdStats,
     checker: RecordChecker,
 ) -> None:
     columns.line.extend(row.line for row in rows)

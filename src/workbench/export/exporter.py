@@ -174,6 +174,9 @@ def _check_options(options: ExportOptions) -> None:
         raise ConfigError("--drop", f"unknown rule {unknown[0]!r} (known: {', '.join(known)})")
     if "contaminated" in options.drop and not options.decontaminate:
         raise ConfigError("--drop", "contaminated needs the benchmark files (--decontaminate FILE)")
+    if options.decontaminate and "contaminated" not in options.drop:
+        raise ConfigError("--decontaminate", "goes with --drop contaminated (the benchmarks are "
+                                             "looked for only to leave out what holds them)")
     if options.limit is not None and options.limit < 1:
         raise ConfigError("--limit", f"expected a number of at least 1, got {options.limit}")
     if options.reasoning not in ("auto", "field", "inline"):
@@ -240,14 +243,15 @@ def _flag_run_drops(out: str | os.PathLike[str], sources: Sequence[Source],
     if not wanted:
         return
     decontaminate = None
-    run = load_run(out, options.only)
     if options.decontaminate:
-        tokenizer = run_tokenizer(run, options.tokenizer, options.trust_remote_code)
+        tokenizer = run_tokenizer(load_run(out), options.tokenizer, options.trust_remote_code)
         decontaminate = Decontamination.load(options.decontaminate, field=options.benchmark_field,
                                              ngram=options.ngram, tokenizer=tokenizer)
-    scan = scan_run(out, model_profile=options.model_profile, only=options.only,
+    thresholds = Thresholds(near_duplicate_threshold=options.near_threshold)
+    # every dataset, --only or not: a copy in an earlier dataset makes a record a duplicate
+    scan = scan_run(out, model_profile=options.model_profile, thresholds=thresholds,
                     decontaminate=decontaminate)
-    flags = flagged_samples(scan.run, list(scan.files.values()), Thresholds(), decontaminate)
+    flags = flagged_samples(scan.run, list(scan.files.values()), thresholds, decontaminate)
     for source in sources:
         found = flags.get(source.name, {})
         source.flagged = {name: set().union(*(found.get(rule, set()) for rule in RUN_DROPS[name]))

@@ -9,6 +9,7 @@ import msgspec
 
 from workbench.analyze.rules import RECORD_RULES
 from workbench.export.trainers import TrainerReport
+from workbench.sketch import DEFAULT_THRESHOLD
 
 __all__ = ["DROP_REASONS", "DatasetExport", "ExportFormat", "ExportOptions", "ExportSummary",
            "ReasoningCarry"]
@@ -39,7 +40,8 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     for --drop-truncated), or of :data:`RUN_DROPS`: replies equal to an earlier one
     ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
     n-gram of a benchmark of `decontaminate` ("contaminated"; `benchmark_field` names the
-    benchmark files' prompt field, `ngram` the n). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
+    benchmark files' prompt field, `ngram` the n); `near_threshold` is the estimated Jaccard
+    similarity of near duplicates. `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
     `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
@@ -66,6 +68,7 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     decontaminate: tuple[str, ...] = ()
     benchmark_field: str | None = None
     ngram: int = 13
+    near_threshold: float = DEFAULT_THRESHOLD
 
     def drop_rules(self) -> tuple[str, ...]:
         """The rules whose failing records are left out: conversations also leave out

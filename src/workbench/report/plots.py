@@ -62,6 +62,7 @@ __all__ = [
     "samples_view",
     "scatter_figure",
     "scores_figure",
+    "scores_view",
     "selection_view",
     "setup_notebook",
     "stats_view",
@@ -905,9 +906,9 @@ def quality_view(table: pd.DataFrame, *, benchmarks: bool = False) -> Rendered:
             "as an earlier prompt or reply of the run (the first copy is not counted); near-dup: "
             "a MinHash estimate of shingle overlap at the near-duplicate threshold or more; "
             "contam.: holds an n-gram of a benchmark given with --decontaminate ('-': none "
-            "given); loops: a reply half inside repeated n-grams; special-heavy: special ids "
-            "a fifth of the reply; no answer: reasoning that never reached an answer (no "
-            "think-end id, nothing after it, or cut inside it).</p>")
+            "given); loops and special-heavy: the repetition and special_heavy rules (a reply "
+            "mostly inside repeated n-grams, or mostly special ids); no answer: reasoning that "
+            "never reached an answer (no think-end id, nothing after it, or cut inside it).</p>")
     return Rendered(f'<div class="wb-report">{body}{note}</div>', _records(table))
 
 
@@ -949,12 +950,21 @@ def contamination_view(table: pd.DataFrame) -> Rendered:
     return Rendered(f'<div class="wb-report">{body}</div>', _records(table))
 
 
+def scores_view(scores: pd.DataFrame) -> go.Figure | Rendered:
+    """:func:`scores_figure` of a scored run; a line saying how to score one otherwise."""
+    if scores.empty:
+        return Rendered('<div class="wb-report"><p class="wb-note">Not scored: <code>workbench '
+                        "score RUN --server URL</code> adds each reply's likelihood under the "
+                        "target beside the run.</p></div>", [])
+    return scores_figure(scores)
+
+
 def scores_figure(scores: pd.DataFrame,
                   title: str = "On-policy score: mean NLL of each reply under the target") -> go.Figure:
     """Box plots of the per-record mean NLL per dataset (quality_frames.score_frame): replies
     the target finds unlikely sit high."""
     if scores.empty:
-        return _empty(title, "not scored: run workbench score RUN --server URL")
+        return _empty(title, "not scored")
     colors, fig = _colors(scores), go.Figure()
     for name, g in _present(scores):
         fig.add_trace(go.Box(y=g["nll"], name=name, marker_color=colors[name], boxpoints="outliers",
