@@ -273,17 +273,6 @@ class _ScoreReply(msgspec.Struct):
     meta_info: _ScoreMeta
 
 
-class _ScoringClient(SGLangClient):
-    """The SGLang client with the one call the scorer needs: a /generate reply as decoded
-    JSON (the input logprobs are not part of a GenerateResult)."""
-
-    async def generate_json(self, payload: dict[str, Any]) -> Any:
-        encoded = msgspec.json.encode(payload)
-        response = await self._request("POST", "/generate", content=encoded,
-                                       headers={"Content-Type": "application/json"})
-        return self._json(response, "/generate")
-
-
 def _context_limit(info: dict[str, Any], model_info: dict[str, Any]) -> int | None:
     """Inputs this long or longer are refused: the smallest of the server's context_length
     (/server_info, else /model_info) and max_req_input_len; None when neither says."""
@@ -293,7 +282,7 @@ def _context_limit(info: dict[str, Any], model_info: dict[str, Any]) -> int | No
     return min(limits, default=None)
 
 
-async def _server_limit(client: _ScoringClient) -> int | None:
+async def _server_limit(client: SGLangClient) -> int | None:
     """The context limit; ServerUnreachable when the server cannot be reached at all."""
     info = await client.server_info()
     try:
@@ -447,7 +436,7 @@ def _pending(ds: DatasetDir, result: DatasetScores) -> dict[SampleId, None]:
 class _DatasetScorer:
     """Scores one dataset's pending records with `concurrency` requests in flight."""
 
-    def __init__(self, client: _ScoringClient, ds: DatasetDir, result: DatasetScores, *,
+    def __init__(self, client: SGLangClient, ds: DatasetDir, result: DatasetScores, *,
                  top_k: int, limit: int | None, on_progress: OnProgress | None) -> None:
         self.client, self.ds, self.result = client, ds, result
         self.top_k, self.limit, self.on_progress = top_k, limit, on_progress
@@ -570,7 +559,7 @@ async def score_run_async(
     started = time.perf_counter()
     run = load_run(out, only)
     summary = ScoreSummary([DatasetScores(ds.name) for ds in run.datasets], top_k)
-    async with _ScoringClient(server, api_key=api_key, transport=transport,
+    async with SGLangClient(server, api_key=api_key, transport=transport,
                              timeout=request_timeout(REQUEST_TIMEOUT)) as client:
         limit = await _server_limit(client)
         for ds, result in zip(run.datasets, summary.datasets, strict=True):

@@ -498,6 +498,13 @@ class SGLangClient:
                                         elapsed=timer.elapsed())
         return _result_from_reply(reply, self._url("/generate"), timer.elapsed())
 
+    async def generate_json(self, payload: Mapping[str, Any]) -> Any:
+        """POST /generate, its reply as decoded JSON: for the fields a GenerateResult leaves
+        out (a prefill-only request's input logprobs); HTTP errors raise."""
+        response = await self._request("POST", "/generate", content=_encoder.encode(payload),
+                                       headers=_JSON_HEADERS)
+        return self._json(response, "/generate")
+
     async def generate_stream(self, payload: Mapping[str, Any]) -> AsyncIterator[StreamChunk]:
         """POST /generate with stream=true; yields cumulative chunks with arrival times."""
         timer = _Timer()
