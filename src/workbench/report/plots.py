@@ -931,7 +931,7 @@ def repetition_figure(hist: pd.DataFrame, threshold: float,
     fig.update_layout(title={"text": title}, barmode="group", xaxis_title="% of the reply's ids "
                       "inside an n-gram that occurs twice or more", yaxis_title="replies (log)",
                       xaxis={"range": [0, 100]})
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(**LOG_TICKS)
     return fig
 
 
