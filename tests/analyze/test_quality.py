@@ -69,6 +69,11 @@ def test_degenerate_replies_are_told_by_the_record_rules() -> None:
     from test_validate import row_of
     assert "repetition" in checker.failures(row_of(record(0, loop)))
     assert "repetition" not in checker.failures(row_of(record(0, reply(3))))
+    body = reply(4, 120)[:60]
+    restated = [*body, TE, *body, END]  # an answer that restates its reasoning is no loop
+    assert "repetition" not in checker.failures(row_of(record(0, restated)))
+    looped_answer = [*body, TE, *([31, 32, 33] * 40), END]
+    assert "repetition" in checker.failures(row_of(record(0, looped_answer)))
     special = [*reply(6, 40)[:40], *([163590, 163591, 163600] * 10), TE, 22, END]
     problems = dict(checker.problems(row_of(record(0, special))))
     assert problems["special_heavy"].startswith("30 special ids of 73")

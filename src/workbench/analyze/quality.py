@@ -64,7 +64,7 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 2  # bump when the kept figures change meaning
+QUALITY_VERSION = 3  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")

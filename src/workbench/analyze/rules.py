@@ -42,8 +42,9 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
     (duplicates and contamination across the run: :mod:`workbench.analyze.quality`)
     repetition            warning   a reply stuck in a loop: the share of its ids inside an
                                     n-gram (repetition_ngram, 10) that occurs at least twice
-                                    in it is repetition_share (0.5) or more; the example gives
-                                    the share and the first repeated n-gram's position
+                                    in its part (the reasoning, or the answer: an answer that
+                                    restates the reasoning is no loop) is repetition_share
+                                    (0.5) or more; the example gives the share
     special_heavy         warning   a reply whose special ids (the profile's special_start on,
                                     the think, end, eos and tool-call ids aside) are
                                     special_share (0.2) of its ids or more, at least 4 of them
@@ -266,16 +267,33 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> IdStats:
     flat = _Flat.of(id_lists)
     ids, n = flat.ids, len(id_lists)
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
-    repeat = sketch.repeat_share(ids, flat.starts, flat.ends, checker.repetition_ngram).tolist()
     special = flat.count_where(checker.special_mask(ids)) if n else []
     profile = checker.profile
     if not checker.reasoning or not n:
+        repeat = _repeat_share(flat, np.full(n, -1, dtype=np.int64), checker.repetition_ngram)
         return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat)
     is_end = ids == profile.think_end
     end_first = flat.first_where(is_end)
     start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
+    repeat = _repeat_share(flat, end_first, checker.repetition_ngram)
     return IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
                     start_count, repeat, special, flat)
+
+
+def _repeat_share(flat: _Flat, end_first: np.ndarray, n: int) -> list[float]:
+    """Per row, the share of its ids inside an n-gram repeated within its own part: the
+    reasoning (before the first think-end id) and the answer (after it) are looked at apart,
+    as an answer that restates the reasoning is no loop."""
+    split = end_first >= 0
+    cut = flat.starts + np.where(split, end_first, flat.ends - flat.starts)
+    starts = np.concatenate([flat.starts, np.where(split, cut + 1, flat.ends)])
+    ends = np.concatenate([cut, flat.ends])
+    shares = sketch.repeat_share(flat.ids, starts, ends, n)
+    rows = len(flat.starts)
+    covered = shares[:rows] * (ends[:rows] - starts[:rows]) + shares[rows:] * (ends[rows:] - starts[rows:])
+    lengths = np.maximum(flat.ends - flat.starts, 1)
+    result: list[float] = (covered / lengths).tolist()
+    return result
 
 
 class RecordChecker:

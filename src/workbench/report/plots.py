@@ -929,7 +929,8 @@ def repetition_figure(hist: pd.DataFrame, threshold: float,
     fig.add_vline(x=threshold * 100, line={"color": SEVERITY_COLORS["warning"], "dash": "dash"},
                   annotation_text=f"repetition rule: {threshold:.0%}", annotation_position="top")
     fig.update_layout(title={"text": title}, barmode="group", xaxis_title="% of the reply's ids "
-                      "inside an n-gram that occurs twice or more", yaxis_title="replies (log)",
+                      "inside an n-gram that occurs twice or more in its part (reasoning or answer)",
+                      yaxis_title="replies (log)",
                       xaxis={"range": [0, 100]})
     fig.update_yaxes(**LOG_TICKS)
     return fig
