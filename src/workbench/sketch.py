@@ -42,10 +42,12 @@ __all__ = [
     "DEFAULT_NUM_PERM",
     "DEFAULT_SHINGLE",
     "DEFAULT_THRESHOLD",
+    "MAX_ROW_IDS",
     "PROMPT_FIELDS",
     "Benchmark",
     "Benchmarks",
     "PieceDecoder",
+    "clipped",
     "digest",
     "exact_duplicates",
     "lsh_bands",
@@ -70,6 +72,17 @@ _VALUE_MASK = _U64((1 << _VALUE_BITS) - 1)
 _CHUNK_IDS = 1 << 16  # rows are sketched about this many ids (and cells) at a time: in cache
 _PAIR_CHUNK = 1 << 18  # candidate pairs verified this many at a time
 _MAX_PERM = 4096  # signature entries at most
+
+# The ids of a row a figure looks at, at most: a reply of millions of ids (a broken server's,
+# a file edited by hand) would otherwise take gigabytes of index arrays; the figures of such a
+# row are those of its first MAX_ROW_IDS ids (the digest takes the whole row).
+MAX_ROW_IDS = 1 << 18
+
+
+def clipped(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The row ends cut to at most MAX_ROW_IDS ids after each start."""
+    return np.minimum(np.asarray(ends, dtype=np.int64),
+                      np.asarray(starts, dtype=np.int64) + MAX_ROW_IDS)
 
 # Seeds of the independent hash functions (fixed: equal across processes).
 _SEED_TOKEN = 0x243F6A8885A308D3

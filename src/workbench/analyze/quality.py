@@ -64,7 +64,7 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 3  # bump when the kept figures change meaning
+QUALITY_VERSION = 4  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
@@ -148,10 +148,11 @@ def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.
     if not len(starts):
         return
     columns.digest.extend(sketch.digest(ids, starts, ends).tolist())
-    signatures = sketch.signatures(ids, starts, ends).astype(_SIGNATURE)
+    first = sketch.clipped(starts, ends)  # the figures of a huge reply: its first ids'
+    signatures = sketch.signatures(ids, starts, first).astype(_SIGNATURE)
     columns.signature.extend(row.tobytes() for row in signatures)
     overlap = (np.zeros(len(starts), dtype=np.int64) if decontaminate is None
-               else decontaminate.id_overlaps(ids, starts, ends))
+               else decontaminate.id_overlaps(ids, starts, first))
     columns.overlap.extend(overlap.tolist())
 
 
@@ -380,8 +381,8 @@ def _read_prompt_figures(path: Path, offset: int, known: _PromptFigures,
     flat, starts, ends = _prompt_tokens(records)
     figures = _PromptFigures([r.sample_id for r in records], lines,
                              sketch.digest(flat, starts, ends).tolist(),
-                             [row.tobytes() for row in
-                              sketch.signatures(flat, starts, ends).astype(_SIGNATURE)],
+                             [row.tobytes() for row in sketch.signatures(
+                                 flat, starts, sketch.clipped(starts, ends)).astype(_SIGNATURE)],
                              _prompt_overlaps(records, decontaminate).tolist(),
                              data.count(b"\n"))
     return figures, offset + len(data)
@@ -417,7 +418,8 @@ def _prompt_overlaps(records: Sequence[PromptRecord],
     if with_ids:
         flat, starts, ends = _concat([np.asarray(records[i].input_ids, dtype=np.int64)
                                       for i in with_ids])
-        overlap[with_ids] = decontaminate.id_overlaps(flat.astype(np.int64), starts, ends)
+        overlap[with_ids] = decontaminate.id_overlaps(flat.astype(np.int64), starts,
+                                                      sketch.clipped(starts, ends))
     return overlap
 
 

@@ -283,16 +283,17 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> IdStats:
 def _repeat_share(flat: _Flat, end_first: np.ndarray, n: int) -> list[float]:
     """Per row, the share of its ids inside an n-gram repeated within its own part: the
     reasoning (before the first think-end id) and the answer (after it) are looked at apart,
-    as an answer that restates the reasoning is no loop."""
+    as an answer that restates the reasoning is no loop (each part's first
+    :data:`~workbench.sketch.MAX_ROW_IDS` ids)."""
     split = end_first >= 0
     cut = flat.starts + np.where(split, end_first, flat.ends - flat.starts)
     starts = np.concatenate([flat.starts, np.where(split, cut + 1, flat.ends)])
-    ends = np.concatenate([cut, flat.ends])
-    shares = sketch.repeat_share(flat.ids, starts, ends, n)
+    ends = sketch.clipped(starts, np.concatenate([cut, flat.ends]))  # a part's first ids
+    lengths = ends - starts
+    covered = sketch.repeat_share(flat.ids, starts, ends, n) * lengths
     rows = len(flat.starts)
-    covered = shares[:rows] * (ends[:rows] - starts[:rows]) + shares[rows:] * (ends[rows:] - starts[rows:])
-    lengths = np.maximum(flat.ends - flat.starts, 1)
-    result: list[float] = (covered / lengths).tolist()
+    looked = np.maximum(lengths[:rows] + lengths[rows:], 1)
+    result: list[float] = ((covered[:rows] + covered[rows:]) / looked).tolist()
     return result
 
 

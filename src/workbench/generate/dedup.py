@@ -144,7 +144,8 @@ def sketch_prompts(prompts: Sequence[Prompt], near: bool) -> Sketches:
         digests.append(sketch.digest(flat, starts, ends))
         if near:
             signatures.append(np.asarray(
-                sketch.signatures(flat, starts, ends, shingle=SHINGLE, num_perm=NUM_PERM),
+                sketch.signatures(flat, starts, sketch.clipped(starts, ends), shingle=SHINGLE,
+                                  num_perm=NUM_PERM),
                 dtype=np.uint64))
         empty.append(ends == starts)
     return Sketches(
