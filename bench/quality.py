@@ -52,7 +52,8 @@ TOKENIZER = ROOT / "examples" / "tokenizer"
 @contextlib.contextmanager
 def quality_off() -> Iterator[None]:
     """The scan without the quality figures and comparisons (zeros in their columns)."""
-    saved = (sketch.repeat_share, scan_module.add_quality, scan_module.data_findings)
+    saved = (sketch.repeat_share, scan_module.add_quality, scan_module.data_findings,
+             scan_module.prompt_figures)
 
     def no_repeat(ids: Any, starts: Any, ends: Any, n: int = 10) -> np.ndarray:
         return np.zeros(len(starts), dtype=np.float32)
@@ -72,10 +73,12 @@ def quality_off() -> Iterator[None]:
     sketch.repeat_share = no_repeat  # type: ignore[assignment]
     scan_module.add_quality = no_figures  # type: ignore[assignment]
     scan_module.data_findings = no_findings  # type: ignore[assignment]
+    scan_module.prompt_figures = lambda *args, **kwargs: {}  # type: ignore[assignment]
     try:
         yield
     finally:
-        sketch.repeat_share, scan_module.add_quality, scan_module.data_findings = saved
+        (sketch.repeat_share, scan_module.add_quality, scan_module.data_findings,
+         scan_module.prompt_figures) = saved
 
 
 def grow(run: Path, share: float) -> int:

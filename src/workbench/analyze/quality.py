@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,10 +57,12 @@ __all__ = [
     "DATA_RULES",
     "QUALITY_VERSION",
     "Decontamination",
+    "PromptFigures",
     "add_quality",
     "benchmark_counts",
     "data_findings",
     "flagged_samples",
+    "prompt_figures",
     "run_tokenizer",
 ]
 
@@ -168,7 +170,7 @@ class _Rows(NamedTuple):
     overlap: np.ndarray
 
 
-class _PromptFigures(msgspec.Struct):
+class PromptFigures(msgspec.Struct):
     """What the quality rules keep of a prompts file: one entry per sample id's first line,
     and the lines read (a file that grew is read from where this stopped)."""
 
@@ -179,7 +181,7 @@ class _PromptFigures(msgspec.Struct):
     overlap: list[int] = msgspec.field(default_factory=list)
     lines: int = 0
 
-    def extend(self, other: _PromptFigures) -> None:
+    def extend(self, other: PromptFigures) -> None:
         for name in ("sample_id", "line", "digest", "signature", "overlap"):
             getattr(self, name).extend(getattr(other, name))
         self.lines += other.lines
@@ -187,9 +189,13 @@ class _PromptFigures(msgspec.Struct):
 
 def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
                   decontaminate: Decontamination | None = None, *, cache: bool = True,
+                  prompts: Mapping[str, PromptFigures] | None = None,
                   ) -> dict[str, list[tuple[str, Tally]]]:
-    """Per dataset, the tallies of the run-level rules: (file, tally) pairs for the findings."""
-    flags = _flags(run, scans, thresholds, decontaminate, cache)
+    """Per dataset, the tallies of the run-level rules: (file, tally) pairs for the findings.
+    `prompts`: the :func:`prompt_figures` of the run when they were read already."""
+    if prompts is None:
+        prompts = prompt_figures(run, decontaminate, cache=cache)
+    flags = _flags(run, scans, thresholds, decontaminate, prompts)
     found: dict[str, list[tuple[str, Tally]]] = {}
     for ds in run.datasets:
         raw, prompts = Tally(thresholds.max_examples), Tally(thresholds.max_examples)
@@ -205,7 +211,8 @@ def flagged_samples(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresho
                     decontaminate: Decontamination | None = None, *, cache: bool = True,
                     ) -> dict[str, dict[str, set[SampleId]]]:
     """Per dataset, per run-level rule, the sample ids it flags (the export's drops)."""
-    flags = _flags(run, scans, thresholds, decontaminate, cache)
+    flags = _flags(run, scans, thresholds, decontaminate,
+                   prompt_figures(run, decontaminate, cache=cache))
     return {name: {rule: {sid for sid, _ in lines.values()} for rule, lines in rules.items()}
             for name, rules in flags.items()}
 
@@ -214,13 +221,13 @@ _Flags = dict[str, dict[str, dict[int, tuple[SampleId, str]]]]  # dataset -> rul
 
 
 def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
-           decontaminate: Decontamination | None, cache: bool) -> _Flags:
+           decontaminate: Decontamination | None, figures: Mapping[str, PromptFigures]) -> _Flags:
     flags: _Flags = {}
     names = [ds.name for ds in run.datasets]
     _compare(_reply_rows(names, scans, MIN_REPLY_IDS), "reply",
              thresholds.near_duplicate_threshold, flags)
     _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
-    prompts = _prompt_rows(run, decontaminate, cache)
+    prompts = _prompt_rows(run, figures)
     _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags)
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
     return flags
@@ -311,7 +318,7 @@ def benchmark_counts(run: RunInfo, scans: Sequence[FileScan], decontaminate: Dec
     """Per benchmark and dataset: its items (and those too short for an n-gram, skipped),
     and the dataset's prompts and replies holding one of its n-grams."""
     replies = _reply_rows([ds.name for ds in run.datasets], scans)
-    prompts = _prompt_rows(run, decontaminate, cache)
+    prompts = _prompt_rows(run, prompt_figures(run, decontaminate, cache=cache))
     rows = []
     for bit, benchmark in enumerate(decontaminate.benchmarks.benchmarks):
         for ds in run.datasets:
@@ -327,25 +334,31 @@ def _holding(rows: _Rows, name: str, bit: int) -> int:
     return int(((rows.overlap[mine] >> bit) & 1).sum()) if len(rows.dataset) else 0
 
 
-def _prompt_rows(run: RunInfo, decontaminate: Decontamination | None, cache: bool) -> _Rows:
+def prompt_figures(run: RunInfo, decontaminate: Decontamination | None = None, *,
+                   cache: bool = True) -> dict[str, PromptFigures]:
+    """The figures of each dataset's prompts.jsonl (those without one left out): read while
+    the scan's workers read the replies, on a machine with cores to spare."""
+    return {ds.name: _prompt_figures(ds.prompts_path, decontaminate, cache)
+            for ds in run.datasets if ds.prompts_path.is_file()}
+
+
+def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptFigures]) -> _Rows:
     parts = []
     for ds in run.datasets:
-        path = ds.prompts_path
-        if not path.is_file():
-            continue
-        figures = _prompt_figures(path, decontaminate, cache)
-        keep = np.arange(len(figures.line), dtype=np.int64)
-        parts.append((ds.name, figures, keep, figures.digest, figures.signature, figures.overlap))
+        found = figures.get(ds.name)
+        if found is not None:
+            keep = np.arange(len(found.line), dtype=np.int64)
+            parts.append((ds.name, found, keep, found.digest, found.signature, found.overlap))
     return _gather(parts)
 
 
 def _prompt_figures(path: Path, decontaminate: Decontamination | None,
-                    cache: bool) -> _PromptFigures:
+                    cache: bool) -> PromptFigures:
     """The figures of every prompt of path: kept ones, and those of the lines appended since."""
     key = cache_key("quality-prompts", QUALITY_VERSION,
                     None if decontaminate is None else decontaminate.key)
-    found = load_appended(path, "quality", key, _PromptFigures) if cache else None
-    known, offset = found if found is not None else (_PromptFigures(), 0)
+    found = load_appended(path, "quality", key, PromptFigures) if cache else None
+    known, offset = found if found is not None else (PromptFigures(), 0)
     stamp = file_stamp(path)  # before the read: what a saved summary was read from
     new, end = _read_prompt_figures(path, offset, known, decontaminate)
     known.extend(new)
@@ -357,8 +370,8 @@ def _prompt_figures(path: Path, decontaminate: Decontamination | None,
 _LINES = msgspec.json.Decoder(PromptRecord)
 
 
-def _read_prompt_figures(path: Path, offset: int, known: _PromptFigures,
-                         decontaminate: Decontamination | None) -> tuple[_PromptFigures, int]:
+def _read_prompt_figures(path: Path, offset: int, known: PromptFigures,
+                         decontaminate: Decontamination | None) -> tuple[PromptFigures, int]:
     """The figures of the whole lines of path after byte offset (each sample id's first line
     only; unreadable lines are validate's to tell), and the offset after the last one."""
     with open(path, "rb") as file:
@@ -379,7 +392,7 @@ def _read_prompt_figures(path: Path, offset: int, known: _PromptFigures,
         lines.append(number)
         records.append(record)
     flat, starts, ends = _prompt_tokens(records)
-    figures = _PromptFigures([r.sample_id for r in records], lines,
+    figures = PromptFigures([r.sample_id for r in records], lines,
                              sketch.digest(flat, starts, ends).tolist(),
                              [row.tobytes() for row in sketch.signatures(
                                  flat, starts, sketch.clipped(starts, ends)).astype(_SIGNATURE)],

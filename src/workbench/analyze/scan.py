@@ -32,6 +32,7 @@ from workbench.analyze.quality import (
     Decontamination,
     add_quality,
     data_findings,
+    prompt_figures,
 )
 from workbench.analyze.rules import (
     PROBLEM_RULES,
@@ -102,12 +103,13 @@ def scan_run(
         jobs, owners = _plan_jobs(files, workers, decontaminate)
         with _job_runner(jobs, workers) as results:
             prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
+            figures = prompt_figures(run, decontaminate, cache=cache)  # meanwhile too
             scans = _merged(results, owners, files)
         if cache:
             _save(files, scans, owners)
     except OSError as exc:
         raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
-    data = data_findings(run, scans, thresholds, decontaminate, cache=cache)
+    data = data_findings(run, scans, thresholds, decontaminate, prompts=figures)
     reports = {ds.name: dataset_report(scan, prompt, thresholds,
                                         ds.settings.get("budget_reached") is True, data[ds.name])
                for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
