@@ -480,8 +480,9 @@ def _candidates(sigs: np.ndarray, bands: int, per_band: int) -> tuple[np.ndarray
     count = len(sigs)
     row_bits = max(1, (count - 1).bit_length())
     hashed = np.zeros((count, bands), dtype=_U64)
+    values = sigs.astype(_U64, copy=False)  # min hashes: random already, mixed once per band
     for j, factor in enumerate(_multipliers(per_band, _SEED_BAND)):
-        hashed += _mix(sigs[:, j:bands * per_band:per_band], _SEED_BAND) * factor
+        hashed += values[:, j:bands * per_band:per_band] * factor
     hashed = _mix(hashed ^ np.arange(bands, dtype=_U64), _SEED_BAND)
     hashed >>= _U64(row_bits)
     hashed <<= _U64(row_bits)

@@ -248,13 +248,13 @@ def test_rows_are_read_back_from_their_own_blocks(
 
 def test_unchanged_prompts_are_not_read_again(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     read: list[str] = []
-    scan = prompt_scan.scan
+    blocks = prompt_scan.iter_prompt_blocks
 
     def reading(path: Path, **kwargs: Any) -> Any:
         read.append(Path(path).parent.name)
-        return scan(path, **kwargs)
+        return blocks(path, **kwargs)
 
-    monkeypatch.setattr(prompt_scan, "scan", reading)
+    monkeypatch.setattr(prompt_scan, "iter_prompt_blocks", reading)
 
     def report() -> tuple[list[str], list[str]]:
         """What a report draws: the scan, the stats, the subset comparison."""

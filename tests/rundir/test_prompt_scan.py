@@ -13,7 +13,7 @@ import pytest
 from workbench.analyze.quality import DATA_RULES
 from workbench.analyze.rules import Thresholds
 from workbench.analyze.validate import validate_run
-from workbench.rundir import prompt_scan
+from workbench.rundir import prompt_scan, records
 from workbench.rundir.columns import Tally
 from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import iter_blocks, iter_prompt_blocks
@@ -177,3 +177,78 @@ def test_prompt_findings_equal_those_of_a_read_of_rows(tmp_path: Path) -> None:
              and f.rule not in ("missing_response", "unsent_budget", *DATA_RULES)}
     assert found == {rule: (count, tally.examples[rule]) for rule, count in tally.counts.items()}
     assert report.datasets["d"].prompts == len(first)
+
+
+def test_a_file_that_grows_is_read_after_what_was_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept summary plus the lines appended since equal one read of the whole file, torn
+    line and all; only the appended bytes are read; a rewrite is read again whole."""
+    path = tmp_path / "prompts.jsonl"
+    reads: list[int] = []
+
+    def counting(path: Path, *, offset: int = 0, first_line: int = 1) -> Any:
+        reads.append(offset)
+        return iter_prompt_blocks(path, offset=offset, first_line=first_line)
+
+    monkeypatch.setattr(prompt_scan, "iter_prompt_blocks", counting)
+    written = b""
+    for cut in (5, 9, 12, len(LINES) - 1):
+        written = b"".join(LINES[:cut])
+        path.write_bytes(written)  # the same inode, longer
+        found = prompt_scan.summary(path)
+        assert as_found(found) == as_found(prompt_scan.scan(path))  # (a read from 0)
+        assert found.next_line == written.count(b"\n") + 1
+    whole = prompt_scan.summary(path)
+    grown_at = [len(b"".join(LINES[:cut])) for cut in (5, 9, 12)]
+    assert reads[::2] == [0, *grown_at] and len(reads) == 8  # nothing read when unchanged
+    path.write_bytes(DATA)  # the torn last line comes
+    assert as_found(prompt_scan.summary(path)) == by_json(DATA) | {
+        "problems": sorted(by_json(DATA)["problems"])}
+    path.write_bytes(DATA + b"]}\n")  # the torn line ended
+    grown = prompt_scan.summary(path)
+    assert [kind for _, kind, _ in grown.problems].count("torn") == 0
+    assert grown.ids[-1] == 13 and grown.lines == whole.lines + 1
+    reads.clear()
+    path.unlink()
+    path.write_bytes(b'{"sample_id": 0, "input_ids": [1]}\n')  # another file
+    assert prompt_scan.summary(path).ids == [0] and reads[0] == 0
+
+
+def contents_by_json(data: bytes) -> list[tuple[int, Any, Any, Any]]:
+    """(line, sample id, text, input ids) of each whole line json.loads reads as a prompt."""
+    found = []
+    for line, text in enumerate(data.split(b"\n")[:-1], start=1):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        sample_id = next((value[k] for k in ("sample_id", "custom_id", "id")
+                          if value.get(k) is not None), None)
+        ids, prompt = value.get("input_ids"), value.get("text")
+        if sample_id is None or not isinstance(prompt, str | None):
+            continue
+        found.append((line, sample_id, prompt, ids))
+    return found
+
+
+@pytest.mark.parametrize("block_bytes", [1, 100, 700, 8 << 20])
+def test_prompt_contents_are_what_json_reads(tmp_path: Path, block_bytes: int) -> None:
+    """Ids parsed in one numpy call per block (or line by line around a bad line) equal
+    json.loads' lists, text prompts and other id keys included; a torn line waits."""
+    path = tmp_path / "prompts.jsonl"
+    many = b"".join(b'{"sample_id": %d, "input_ids": [%s]}\n' % (
+        100 + i, b",".join(b"%d" % (i * 7919 + j) for j in range(i % 40))) for i in range(300))
+    data = DATA.replace(LINES[-1], many + LINES[-1])
+    path.write_bytes(data)
+    found = []
+    blocks = list(records.iter_prompt_contents(path, block_bytes=block_bytes))
+    for block in blocks:
+        for i, line in enumerate(block.lines):
+            ids = block.ids[block.starts[i]:block.ends[i]].tolist() if block.has_ids[i] else None
+            found.append((line, block.sample_ids[i], block.texts[i], ids))
+    assert found == contents_by_json(data)
+    assert blocks[-1].end_offset == len(data) - len(LINES[-1])
+    assert blocks[-1].next_line == data.count(b"\n") + 1

@@ -32,7 +32,6 @@ figures. A prompts file's figures are kept beside it while it is unchanged.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from workbench.errors import ConfigError, DataError
 from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
-from workbench.rundir.records import PromptRecord, SampleId
+from workbench.rundir.records import PromptContents, SampleId, iter_prompt_contents
 from workbench.rundir.run import RunInfo
 from workbench.tokenizer import load_tokenizer
 
@@ -244,16 +243,13 @@ def _reply_rows(names: Sequence[str], scans: Sequence[FileScan], min_ids: int = 
 def _comparable(columns: Columns, min_ids: int) -> np.ndarray:
     """Indexes of the records compared: the first of their sample id, with `min_ids` ids or
     more."""
-    seen: set[SampleId] = set()
-    keep: list[int] = []
-    for index, (sample_id, length) in enumerate(
-            zip(columns.sample_id, columns.output_len, strict=True)):
-        if sample_id is None or sample_id in seen:
-            continue
-        seen.add(sample_id)  # the first record of a sample id is the one exports keep
-        if length and length >= min_ids:
-            keep.append(index)
-    return np.asarray(keep, dtype=np.int64)
+    count = len(columns.sample_id)
+    # the first record of a sample id is the one exports keep: the dict keeps its first index
+    first = dict(zip(reversed(columns.sample_id), range(count - 1, -1, -1)))
+    first.pop(None, None)
+    keep = np.sort(np.fromiter(first.values(), dtype=np.int64, count=len(first)))
+    lengths = np.array([0 if n is None else n for n in columns.output_len], dtype=np.int64)
+    return keep[lengths[keep] >= max(min_ids, 1)] if count else keep
 
 
 def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[bytes],
@@ -261,25 +257,26 @@ def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[
     dataset: list[str] = []
     line: list[int] = []
     sample_id: list[SampleId] = []
-    digests: list[np.ndarray] = []
+    digests: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)]
     signatures: list[bytes] = []
-    overlaps: list[np.ndarray] = []
+    overlaps: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for name, columns, keep, digest, signature, overlap in parts:
-        keep_list = keep.tolist()
-        dataset.extend([name] * len(keep_list))
-        line.extend(columns.line[i] for i in keep_list)
-        sample_id.extend(columns.sample_id[i] for i in keep_list)
-        digests.append(np.asarray(digest, dtype=np.uint64)[keep] if len(keep) else
-                       np.zeros(0, dtype=np.uint64))
-        signatures.extend(signature[i] for i in keep_list)
-        overlaps.append(np.asarray(overlap, dtype=np.int64)[keep] if len(keep) else
-                        np.zeros(0, dtype=np.int64))
+        at = keep.tolist()
+        dataset.extend([name] * len(at))
+        line.extend(_picked(columns.line, at))
+        sample_id.extend(_picked(columns.sample_id, at))
+        digests.append(np.asarray(digest, dtype=np.uint64)[keep])
+        signatures.extend(_picked(signature, at))
+        overlaps.append(np.asarray(overlap, dtype=np.int64)[keep])
     width = len(signatures[0]) // np.dtype(_SIGNATURE).itemsize if signatures else 1
-    matrix = (np.frombuffer(b"".join(signatures), dtype=_SIGNATURE).reshape(-1, width)
-              if signatures else np.zeros((0, width), dtype=_SIGNATURE))
-    return _Rows(dataset, line, sample_id, np.concatenate(digests) if digests else
-                 np.zeros(0, dtype=np.uint64), matrix,
-                 np.concatenate(overlaps) if overlaps else np.zeros(0, dtype=np.int64))
+    matrix = np.frombuffer(b"".join(signatures), dtype=_SIGNATURE).reshape(-1, width)
+    return _Rows(dataset, line, sample_id, np.concatenate(digests), matrix,
+                 np.concatenate(overlaps))
+
+
+def _picked(values: Sequence[Any], at: list[int]) -> list[Any]:
+    """values[i] for i in `at` (sorted distinct indexes): all of them, the usual case, at once."""
+    return list(values) if len(at) == len(values) else [values[i] for i in at]
 
 
 def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags) -> None:
@@ -367,72 +364,60 @@ def _prompt_figures(path: Path, decontaminate: Decontamination | None,
     return known
 
 
-_LINES = msgspec.json.Decoder(PromptRecord)
-
-
 def _read_prompt_figures(path: Path, offset: int, known: PromptFigures,
                          decontaminate: Decontamination | None) -> tuple[PromptFigures, int]:
     """The figures of the whole lines of path after byte offset (each sample id's first line
     only; unreadable lines are validate's to tell), and the offset after the last one."""
-    with open(path, "rb") as file:
-        file.seek(offset)
-        data = file.read()
-    data = data[: data.rfind(b"\n") + 1]  # a torn last line waits for its end
     seen = set(known.sample_id)
-    lines: list[int] = []
-    records: list[PromptRecord] = []
-    for number, line in enumerate(data.split(b"\n")[:-1], start=known.lines + 1):
-        try:
-            record = _LINES.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        if record.sample_id in seen or (record.input_ids is None and record.text is None):
-            continue
-        seen.add(record.sample_id)
-        lines.append(number)
-        records.append(record)
-    flat, starts, ends = _prompt_tokens(records)
-    figures = PromptFigures([r.sample_id for r in records], lines,
-                             sketch.digest(flat, starts, ends).tolist(),
-                             [row.tobytes() for row in sketch.signatures(
-                                 flat, starts, sketch.clipped(starts, ends)).astype(_SIGNATURE)],
-                             _prompt_overlaps(records, decontaminate).tolist(),
-                             data.count(b"\n"))
-    return figures, offset + len(data)
+    figures = PromptFigures(lines=0)
+    end = offset
+    for block in iter_prompt_contents(path, offset=offset, first_line=known.lines + 1):
+        figures.extend(_block_figures(block, seen, decontaminate))
+        figures.lines = block.next_line - 1 - known.lines
+        end = block.end_offset
+    return figures, end
 
 
-def _prompt_tokens(records: Sequence[PromptRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The prompts' content back to back: their ids, or their text's word hashes."""
-    if all(r.input_ids is not None for r in records):
-        lists = [r.input_ids or [] for r in records]
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        try:
-            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
-                               count=int(lengths.sum())).view(np.uint64)
-        except OverflowError:  # an id past 64 bits: out of any vocabulary, so clipped
-            flat = np.array([min(max(i, -1), 1 << 62) for i in itertools.chain.from_iterable(lists)],
-                            dtype=np.int64).view(np.uint64)
-        ends = np.cumsum(lengths)
-        return flat, ends - lengths, ends
-    return _concat([np.asarray(r.input_ids, dtype=np.int64).view(np.uint64)
-                    if r.input_ids is not None else sketch.word_hashes(r.text or "")
-                    for r in records])
+def _block_figures(block: PromptContents, seen: set[SampleId],
+                   decontaminate: Decontamination | None) -> PromptFigures:
+    """The figures of a block's prompts whose sample id is not in `seen` (added to it), and
+    that hold ids or a text."""
+    chosen: list[int] = []
+    for index, (sample_id, text, has_ids) in enumerate(
+            zip(block.sample_ids, block.texts, block.has_ids, strict=True)):
+        if sample_id not in seen and (has_ids or text is not None):
+            seen.add(sample_id)
+            chosen.append(index)
+    if not chosen:
+        return PromptFigures()
+    ids = block.ids.view(np.uint64)
+    contents = [ids[block.starts[i]:block.ends[i]] if block.has_ids[i]
+                else sketch.word_hashes(block.texts[i] or "") for i in chosen]
+    flat, starts, ends = _concat(contents)
+    first = sketch.clipped(starts, ends)
+    signatures = sketch.signatures(flat, starts, first).astype(_SIGNATURE)
+    return PromptFigures([block.sample_ids[i] for i in chosen], [block.lines[i] for i in chosen],
+                         sketch.digest(flat, starts, ends).tolist(),
+                         [row.tobytes() for row in signatures],
+                         _prompt_overlaps(block, chosen, flat, starts, first,
+                                          decontaminate).tolist())
 
 
-def _prompt_overlaps(records: Sequence[PromptRecord],
+def _prompt_overlaps(block: PromptContents, chosen: list[int], flat: np.ndarray,
+                     starts: np.ndarray, first: np.ndarray,
                      decontaminate: Decontamination | None) -> np.ndarray:
-    overlap = np.zeros(len(records), dtype=np.int64)
-    if decontaminate is None or not records:
+    """Per chosen prompt, the bit mask of the benchmarks it overlaps: its ids read as words,
+    or its text's words."""
+    overlap = np.zeros(len(chosen), dtype=np.int64)
+    if decontaminate is None:
         return overlap
-    texts = [i for i, r in enumerate(records) if r.input_ids is None]
-    if texts:
-        overlap[texts] = decontaminate.text_overlaps([records[i].text or "" for i in texts])
-    with_ids = [i for i, r in enumerate(records) if r.input_ids is not None]
-    if with_ids:
-        flat, starts, ends = _concat([np.asarray(records[i].input_ids, dtype=np.int64)
-                                      for i in with_ids])
-        overlap[with_ids] = decontaminate.id_overlaps(flat.astype(np.int64), starts,
-                                                      sketch.clipped(starts, ends))
+    with_ids = np.fromiter((block.has_ids[i] for i in chosen), dtype=bool, count=len(chosen))
+    if with_ids.any():
+        overlap[with_ids] = decontaminate.id_overlaps(flat.view(np.int64), starts[with_ids],
+                                                      first[with_ids])
+    texts = np.flatnonzero(~with_ids)
+    if len(texts):
+        overlap[texts] = decontaminate.text_overlaps([block.texts[chosen[i]] or "" for i in texts])
     return overlap
 
 

@@ -1,6 +1,6 @@
 """The caches beside each dataset (``<dataset>/.workbench-cache/``): reads kept for the next reader.
 
-Two kinds, both best effort (a cache that cannot be read is ignored, one that cannot be
+Best effort (a cache that cannot be read is ignored, one that cannot be
 written is skipped) and keyed on everything the kept value depends on (cache format,
 workbench version and the caller's settings, :func:`cache_key`), so a cache never changes a
 number; deleting the folder is always safe. Each is kept with the :data:`Stamp` its file had
@@ -8,7 +8,8 @@ before the read (device, inode, size, modification and change times: any write m
 change time, even one that restores the modification time) and is used only for the bytes
 the file held then:
 
-    appended   what was read of an append-only file (raw_responses.jsonl, errors.jsonl) up
+    appended   what was read of an append-only file (raw_responses.jsonl, errors.jsonl,
+               prompts.jsonl: written before the requests, appended to by a resume) up
                to a byte offset (a line start), with a digest of a dozen 4 KiB blocks spread
                over the bytes before that offset, the last one ending at it. Used as is while
                the stamp is unchanged. A file of another size (same device and inode, still
@@ -20,9 +21,6 @@ the file held then:
                value is not kept when the stamp taken before the read tells that the file
                changed otherwise than in size meanwhile.
                :func:`load_appended`, :func:`save_appended`.
-    summary    what was read of a file read whole (prompts.jsonl, written once before the
-               requests), used while its stamp is the one it had before it was read.
-               :func:`load_summary`, :func:`save_summary`.
 
 On a filesystem whose timestamps are coarser than its writes, a same-size rewrite in the
 clock tick the stamp was taken in leaves the stamp as it was (since Linux 6.13, a file on
@@ -49,9 +47,7 @@ __all__ = [
     "cache_key",
     "file_stamp",
     "load_appended",
-    "load_summary",
     "save_appended",
-    "save_summary",
 ]
 
 _FORMAT = 3
@@ -175,44 +171,8 @@ def save_appended(
                       raw)))
 
 
-class _Summary(msgspec.Struct):
-    """One summary file: what was read of a file with this stamp."""
-
-    format: int
-    version: str
-    key: str
-    stamp: Stamp
-    value: msgspec.Raw
-
-
 def _cache_file(path: Path, kind: str, key: str) -> Path:
     return path.parent / CACHE_DIR / f"{kind}-{key}.msgpack"
-
-
-def load_summary(path: Path, kind: str, key: str, value_type: type[T]) -> T | None:
-    """The summary of kind saved for path as it is now, or None."""
-    try:
-        cached = msgspec.msgpack.decode(_cache_file(path, kind, key).read_bytes(),
-                                        type=_Summary)
-        if (cached.format, cached.version, cached.key) != (_FORMAT, workbench.__version__, key):
-            return None
-        if cached.stamp != file_stamp(path):
-            return None
-        return msgspec.msgpack.decode(cached.value, type=value_type)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def save_summary(path: Path, kind: str, key: str, stamp: Stamp | None, value: Any) -> None:
-    """Keep value, read from path when it had stamp (taken before reading); best effort."""
-    if stamp is None or file_stamp(path) != stamp:
-        return  # changed while read: not worth keeping
-    try:
-        raw = msgspec.Raw(_ENCODER.encode(value))
-    except OverflowError:
-        return  # an id past 64 bits (msgpack's range): read again next time
-    _write(_cache_file(path, kind, key),
-           _ENCODER.encode(_Summary(_FORMAT, workbench.__version__, key, stamp, raw)))
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -5,8 +5,10 @@ Validation needs each sample id's first line and the file's problems, the stats 
 id counts, the subset comparison each prompt's length. :func:`summary` reads the file once, in
 blocks (:func:`workbench.rundir.records.iter_prompt_blocks`), into a :class:`PromptScan` holding all
 of it, and keeps it beside the file (:func:`workbench.rundir.cache.save_summary`) while the file's
-stamp is unchanged: whichever reader comes first reads the file, the others load the summary.
-A file holding an id past 64 bits (msgpack's range) cannot be kept and is read each time.
+stamp is unchanged (:func:`workbench.rundir.cache.save_appended`): whichever reader comes first
+reads the file, the others load the summary, and a file that grew (a resume adds prompts)
+is read only after what was kept. A file holding an id past 64 bits (msgpack's range) cannot
+be kept and is read each time.
 
     ids, first_lines  each distinct sample id (read as a Row's) and the line it first
                       appears on, in that order
@@ -20,6 +22,7 @@ A file holding an id past 64 bits (msgpack's range) cannot be kept and is read e
     lines             non-blank whole lines (a torn last line is not one); ``tokenized``
                       those with an input_ids array, ``tokens`` the ids in them
     end_offset        the byte offset after the last whole line read
+    next_line         the number of the line at end_offset
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ from pathlib import Path
 
 import msgspec
 
-from workbench.rundir.cache import cache_key, file_stamp, load_summary, save_summary
+from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
 from workbench.rundir.records import PromptBlock, PromptRow, SampleId, iter_prompt_blocks
 
 __all__ = ["TEXT_CHARS_PER_TOKEN", "PromptScan", "scan", "summary"]
 
 TEXT_CHARS_PER_TOKEN = 4.0
 _KIND = "prompts"
-_KEY = cache_key(_KIND, TEXT_CHARS_PER_TOKEN)
+_KEY = cache_key(_KIND, TEXT_CHARS_PER_TOKEN, "appended")
 _NOT_ROWS = frozenset({"malformed", "not_object"})  # the problems of non-blank lines without a row
 
 
@@ -51,6 +54,7 @@ class PromptScan(msgspec.Struct):
     tokenized: int = 0
     tokens: int = 0
     end_offset: int = 0
+    next_line: int = 1
 
     def first_line_of(self) -> dict[SampleId, int]:
         """sample id -> the line it first appears on."""
@@ -62,33 +66,43 @@ class PromptScan(msgspec.Struct):
 
 
 def summary(path: str | os.PathLike[str], *, cache: bool = True) -> PromptScan:
-    """The scan of the whole of path: kept beside it while it is unchanged (with `cache`),
-    else read (and kept). Raises OSError when path cannot be read."""
+    """The scan of the whole of path: what was kept beside it (with `cache`) and the lines
+    appended since, else all of it read (and kept). Raises OSError when path cannot be read."""
     path = Path(path)
-    if cache and (kept := load_summary(path, _KIND, _KEY, PromptScan)) is not None:
-        return kept
-    stamp = file_stamp(path)
-    found = scan(path)
-    if cache:
-        save_summary(path, _KIND, _KEY, stamp, found)
-    return found
+    kept = load_appended(path, _KIND, _KEY, PromptScan) if cache else None
+    stamp = file_stamp(path)  # before the read: what a kept summary was read from
+    if kept is not None and stamp is not None and stamp[2] == kept[1]:
+        return kept[0]  # unchanged, no torn last line
+    reader = _Reader(_without_torn(kept[0]) if kept is not None else PromptScan())
+    start = reader.found.end_offset
+    for block in iter_prompt_blocks(path, offset=start, first_line=reader.found.next_line):
+        reader.add(block)
+    if cache and (kept is None or reader.found.end_offset > start):
+        save_appended(path, _KIND, _KEY, reader.found, reader.found.end_offset, stamp)
+    return reader.found
 
 
 def scan(path: str | os.PathLike[str], *, offset: int = 0) -> PromptScan:
     """One read of path from byte offset (a line start, numbered line 1), never cached.
     Raises OSError when path cannot be read."""
-    reader = _Reader(offset)
+    reader = _Reader(PromptScan(end_offset=offset))
     for block in iter_prompt_blocks(path, offset=offset):
         reader.add(block)
     return reader.found
 
 
-class _Reader:
-    """The blocks of one read, gathered into a PromptScan."""
+def _without_torn(found: PromptScan) -> PromptScan:
+    """A kept scan without its torn last line's problem: that line is read again."""
+    found.problems = [p for p in found.problems if p[1] != "torn"]
+    return found
 
-    def __init__(self, offset: int) -> None:
-        self.found = PromptScan(end_offset=offset)
-        self.first: dict[SampleId, int] = {}
+
+class _Reader:
+    """The blocks of one read, gathered into a PromptScan (one kept before, or a new one)."""
+
+    def __init__(self, found: PromptScan) -> None:
+        self.found = found
+        self.first: dict[SampleId, int] = found.first_line_of()
 
     def add(self, block: PromptBlock) -> None:
         found = self.found
@@ -101,6 +115,7 @@ class _Reader:
             for row in block.rows:
                 self._add_id(row)
         found.end_offset = block.end_offset
+        found.next_line = block.first_line + block.lines
 
     def _add_new_ids(self, rows: list[PromptRow]) -> bool:
         """Add the rows at once when each has a sample id not seen before (the usual case);

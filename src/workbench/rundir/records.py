@@ -57,6 +57,7 @@ import contextlib
 import gc
 import os
 import types
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import (
@@ -65,6 +66,7 @@ from typing import (
     BinaryIO,
     Literal,
     NamedTuple,
+    Self,
     TypeAlias,
     get_args,
     get_origin,
@@ -90,6 +92,7 @@ __all__ = [
     "LineSpan",
     "ProblemKind",
     "PromptBlock",
+    "PromptContents",
     "PromptRecord",
     "PromptRow",
     "Record",
@@ -100,6 +103,7 @@ __all__ = [
     "is_finished",
     "iter_blocks",
     "iter_prompt_blocks",
+    "iter_prompt_contents",
     "missing_fields",
     "move_lines_aside",
     "parse_lines",
@@ -225,7 +229,7 @@ class JsonlAppender:
             fd, self._fd = self._fd, -1
             os.close(fd)
 
-    def __enter__(self) -> JsonlAppender:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -1063,9 +1067,9 @@ def _sample_id_of(text: bytes) -> SampleId | None:
 
 
 def iter_prompt_blocks(
-    path: StrPath, *, offset: int = 0, block_bytes: int = PROMPT_BLOCK_BYTES
+    path: StrPath, *, offset: int = 0, first_line: int = 1, block_bytes: int = PROMPT_BLOCK_BYTES
 ) -> Iterator[PromptBlock]:
-    """The prompt blocks of path from byte offset (a line start, numbered line 1) to the end.
+    """The prompt blocks of path from byte offset (a line start, numbered `first_line`) to the end.
 
     Each block is decoded in one call, its ``input_ids`` arrays emptied first and their items
     counted by their commas. A block holding a bad or unusual line (a nested or escaped
@@ -1073,7 +1077,7 @@ def iter_prompt_blocks(
     the sizes of its rows line by line. A torn last line comes as in :func:`iter_blocks`.
     Raises OSError when path cannot be read.
     """
-    line = 1
+    line = first_line
     for chunk in _iter_chunks(path, offset, block_bytes):
         if chunk.torn:
             torn = _torn_block(chunk, line)
@@ -1091,9 +1095,24 @@ def iter_prompt_blocks(
 
 def _prompt_rows(chunk: _Chunk, first_line: int) -> list[PromptRow] | None:
     """Every line of the chunk as a prompt row, in one decode call; None unless each line is
-    one clean object with at most one ``input_ids`` array, its own.
+    one clean object with at most one ``input_ids`` array, its own (:func:`_prompt_items`)."""
+    found = _prompt_items(chunk)
+    if found is None:
+        return None
+    items, arrays, spans = found
+    counts = _span_items(chunk.data, spans)
+    return [PromptRow(first_line + index, _sample_id(item),
+                      counts[array] if array >= 0 else None,
+                      None if item.text is None else len(item.text))
+            for index, (item, array) in enumerate(zip(items, arrays, strict=True))]
 
-    The rows are those :func:`iter_blocks` reads: it empties the same ``input_ids`` arrays
+
+def _prompt_items(chunk: _Chunk) -> tuple[list[_PromptLine], list[int], list[tuple[int, int]]] | None:
+    """The chunk's lines decoded in one call with their ``input_ids`` arrays emptied, the
+    index of the array span each line held (-1: none) and the spans; None unless each line
+    is one clean object with at most one such array, its own.
+
+    The lines are those :func:`iter_blocks` reads: it empties the same ``input_ids`` arrays
     (and ``output_ids`` ones: a chunk with arrays emptied and an ``output_ids`` key left is
     not taken here; no emptied array held a quote, so none held that key); with nothing
     emptied, every line decoded is valid JSON, which both of its paths read alike.
@@ -1109,16 +1128,140 @@ def _prompt_rows(chunk: _Chunk, first_line: int) -> list[PromptRow] | None:
     arrays = None if items is None else _line_arrays(whole, spans, len(items))
     if items is None or arrays is None:
         return None
-    counts = _span_items(data, spans)
-    rows: list[PromptRow] = []
-    for index, (item, array) in enumerate(zip(items, arrays, strict=True)):
+    for item, array in zip(items, arrays, strict=True):
         raw = bytes(item.input_ids)
         if raw != b"[]" if array >= 0 else raw.startswith(b"["):
             return None  # a nested input_ids, or a key written with escapes
-        rows.append(PromptRow(first_line + index, _sample_id(item),
-                              counts[array] if array >= 0 else None,
-                              None if item.text is None else len(item.text)))
-    return rows
+    return items, arrays, spans
+
+
+class PromptContents(NamedTuple):
+    """The prompts of the whole lines in file bytes [start_offset, end_offset): per line read
+    as an object with a sample id, its line, sample id, text (None when it has none) and ids
+    (``ids[starts[i]:ends[i]]``; ``has_ids[i]`` False without an ``input_ids`` array).
+    ``next_line`` is the number of the line at end_offset."""
+
+    lines: list[int]
+    sample_ids: list[SampleId]
+    texts: list[str | None]
+    has_ids: list[bool]
+    ids: Any  # numpy int64 array
+    starts: Any
+    ends: Any
+    end_offset: int
+    next_line: int
+
+
+def iter_prompt_contents(
+    path: StrPath, *, offset: int = 0, first_line: int = 1, block_bytes: int = PROMPT_BLOCK_BYTES
+) -> Iterator[PromptContents]:
+    """What the prompts of path from byte offset (a line start numbered `first_line`) say.
+
+    A block's ``input_ids`` arrays are cut out of its lines (as :func:`iter_prompt_blocks`
+    does), the rest decoded in one call and the arrays' digits parsed in one numpy call; a
+    block holding a bad or unusual line is read line by line, where a line that does not
+    decode, has no sample id or an ``input_ids`` that is not a list of integers is left out
+    (validation names it). A torn last line is not read: ``end_offset`` stays before it.
+    Raises OSError when path cannot be read.
+    """
+    import numpy as np  # here: most readers of records never count
+
+    line = first_line
+    for chunk in _iter_chunks(path, offset, block_bytes):
+        if chunk.torn:
+            return
+        found = _contents_at_once(chunk, line) or _contents_by_line(chunk, line)
+        rows, ids, counts = found
+        lengths = np.asarray(counts, dtype=np.int64)
+        ends = np.cumsum(lengths)
+        lines = chunk.data.count(b"\n", 0, chunk.size)
+        line += lines
+        yield PromptContents([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                             [r[3] for r in rows], ids, ends - lengths, ends,
+                             chunk.offset + chunk.size, line)
+
+
+_ContentRows: TypeAlias = "list[tuple[int, SampleId, str | None, bool]]"
+
+
+def _contents_at_once(chunk: _Chunk, first_line: int) -> tuple[_ContentRows, Any, list[int]] | None:
+    """(line, sample id, text, has ids) per line, their ids and the count of each, from one
+    decode call and one parse of the arrays' digits; None unless every line is clean."""
+    found = _prompt_items(chunk)
+    if found is None:
+        return None
+    items, arrays, spans = found
+    counts = _span_items(chunk.data, spans)
+    ids = _parsed_ids(chunk.data, spans, counts)
+    if ids is None:
+        return None
+    rows: _ContentRows = []
+    per_row: list[int] = []
+    for index, (item, array) in enumerate(zip(items, arrays, strict=True)):
+        sample_id = _sample_id(item)
+        count = counts[array] if array >= 0 else 0
+        if sample_id is None:
+            if count:
+                return None  # rare: its ids would have to be cut out of the parsed ones
+            continue
+        rows.append((first_line + index, sample_id, item.text, array >= 0))
+        per_row.append(count)
+    return rows, ids, per_row
+
+
+def _parsed_ids(data: bytes, spans: list[tuple[int, int]], counts: list[int]) -> Any:
+    """The integers of the array spans of data, in order, in one int64 array (an id past 64
+    bits saturates: out of any vocabulary); None when one is not a plain list of integers."""
+    import numpy as np
+
+    text = b",".join(data[start:end] for (start, end), count in zip(spans, counts, strict=True)
+                     if count)
+    if not text:
+        return np.zeros(0, dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns when it stops before the end of the text
+        try:
+            ids = np.fromstring(text, dtype=np.int64, sep=",")
+        except (DeprecationWarning, ValueError):
+            return None
+    return ids if len(ids) == sum(counts) else None
+
+
+def _contents_by_line(chunk: _Chunk, first_line: int) -> tuple[_ContentRows, Any, list[int]]:
+    """What :func:`_contents_at_once` gives, each line decoded alone (bad ones left out)."""
+    import numpy as np
+
+    rows: _ContentRows = []
+    lists: list[list[int]] = []
+    for line, text in _numbered(_split_lines(chunk), first_line):
+        found = _prompt_content(text)
+        if found is not None:
+            sample_id, prompt, ids = found
+            rows.append((line, sample_id, prompt, ids is not None))
+            lists.append(ids or [])
+    counts = [len(ids) for ids in lists]
+    flat = [min(max(i, -(1 << 63)), (1 << 63) - 1) for ids in lists for i in ids]
+    return rows, np.asarray(flat, dtype=np.int64), counts
+
+
+def _prompt_content(text: bytes) -> tuple[SampleId, str | None, list[int] | None] | None:
+    """(sample id, text, input ids) of one line, or None: not a JSON object, no sample id, a
+    text that is not a string or input ids that are not a list of integers."""
+    try:
+        value = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    sample_id = next((value[key] for key in ("sample_id", "custom_id", "id")
+                      if value.get(key) is not None), None)
+    prompt, ids = value.get("text"), value.get("input_ids")
+    if (not isinstance(sample_id, int | str) or isinstance(sample_id, bool)
+            or not isinstance(prompt, str | None)
+            or not (ids is None or isinstance(ids, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids))):
+        return None
+    return sample_id, prompt, ids
 
 
 def _line_arrays(whole: bytes, spans: list[tuple[int, int]], lines: int) -> list[int] | None:
