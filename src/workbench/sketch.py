@@ -186,8 +186,8 @@ def _rows(tokens: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int]
 def _windows(rows: _Rows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hash, flat start, row) of every window of n values inside one row.
 
-    The hash is sum_j mix(value[p + j]) * K_j over the window, finalised by another mix: the
-    sums are taken over the whole flat array with contiguous slices (n passes), and the windows
+    The hash is sum_j mix(value[p + j]) * B**j over the window (:func:`_window_sums`),
+    finalised by another mix: the sums are taken over the whole flat array, and the windows
     that cross a row end are then left out.
     """
     lengths = rows.lengths
@@ -199,12 +199,42 @@ def _windows(rows: _Rows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     before = np.zeros(len(rows), dtype=np.int64)
     np.cumsum(counts[:-1], out=before[1:])
     starts = np.arange(total, dtype=np.int64) + np.repeat(rows.offsets[:-1] - before, counts)
-    mixed = _mix(rows.values, _SEED_TOKEN)
-    span = len(mixed) - n + 1
-    sums = np.zeros(span, dtype=_U64)
-    for j, factor in enumerate(_multipliers(n, _SEED_TOKEN)):
-        sums += mixed[j:j + span] * factor
+    sums = _window_sums(_mix(rows.values, _SEED_TOKEN), n)
     return _mix(sums[starts], n), starts, row
+
+
+_WINDOW_BASE = 0x9FB21C651E98DF25  # odd
+
+
+def _window_sums(mixed: np.ndarray, n: int) -> np.ndarray:
+    """sum_j mixed[p + j] * B**j (mod 2**64) for every window of n values, p in order.
+
+    By doubling, as n's bits say: the sums over w values give those over 2w with one pass
+    (S_2w[p] = S_w[p] + B**w * S_w[p + w]), and the windows of the set bits are joined the
+    same way: about 2 log2(n) passes over the array instead of n.
+    """
+    if len(mixed) < n:
+        return np.zeros(0, dtype=_U64)
+    result: np.ndarray | None = None
+    covered = 0  # values the result's windows hold
+    part, width = mixed, 1  # sums over `width` values
+    while True:
+        if n & 1:
+            if result is None:
+                result, covered = part, width
+            else:
+                span = len(result) - width
+                result = result[:span] + _U64(pow(_WINDOW_BASE, covered, 1 << 64)) * \
+                    part[covered:covered + span]
+                covered += width
+        n >>= 1
+        if not n:
+            break
+        span = len(part) - width
+        part = part[:span] + _U64(pow(_WINDOW_BASE, width, 1 << 64)) * part[width:width + span]
+        width *= 2
+    assert result is not None
+    return result
 
 
 def ngram_hashes(

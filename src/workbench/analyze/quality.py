@@ -65,7 +65,7 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 4  # bump when the kept figures change meaning
+QUALITY_VERSION = 5  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
