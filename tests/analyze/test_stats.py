@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import workbench.analyze.stats as stats_module
 from workbench.analyze.stats import StatsCollector, collect_stats
-from workbench.analyze.stats_text import render_stats
+from workbench.analyze.stats_text import format_stats_table, render_stats
 from workbench.errors import InputError
 
 NOW = 1_750_000_000.0
@@ -268,6 +268,23 @@ def test_targets_budgets_and_done(tmp_path: Path) -> None:
     assert budget.eta_s == pytest.approx(40.0) and budget.remaining_records == pytest.approx(4.0)
     assert done.finished  # 3 records + 1 failed id reach the 4 prompts
     assert not result.total.finished and result.total.target_records == 1009
+
+
+def test_a_dataset_its_budget_stopped_short_is_finished_without_an_eta(tmp_path: Path) -> None:
+    """The runner stops a dataset once the next reply would not fit its budget, short of the
+    budget itself; run.json says so, and the stats say "budget reached", not an ETA."""
+    write(tmp_path / "B" / "raw_responses.jsonl", [flat(i, 100, ts=NOW - 50 + 10 * i) for i in range(6)])
+    manifest(tmp_path, B={"prompts": 300, "max_tokens": 700, "budget_reached": True})
+    result = collect_stats(tmp_path, now=NOW)
+    budget = result.datasets["B"]
+    assert budget.completion_tokens == 600 < budget.max_tokens
+    assert budget.finished and budget.budget_reached and budget.eta_s == 0.0
+    assert result.total.finished and result.to_dict()["datasets"]["B"]["budget_reached"] is True
+    row = next(line for line in format_stats_table(result).splitlines()[::-1] if line.startswith("B "))
+    assert row.endswith("budget reached") and "6/300" in row
+    manifest(tmp_path, B={"prompts": 300, "max_tokens": 700})  # still running
+    running = collect_stats(tmp_path, now=NOW).datasets["B"]
+    assert not running.finished and running.eta_s is not None and running.eta_s > 0
 
 
 def test_total_row(tmp_path: Path) -> None:

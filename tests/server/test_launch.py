@@ -171,6 +171,8 @@ def test_failure_reason_prefers_the_out_of_memory_line(tmp_path: Path) -> None:
     assert server.failure_reason().startswith("out of memory: torch.OutOfMemoryError")
     log.write_text("a\nlast line\n")
     assert server.failure_reason() == "last line"
+    said = "out of memory: activations need 1.5 GB per rank but mem_fraction_static 0.97 leaves 0.7 GB"
+    assert log_failure_reason(f"starting\n{said}\n") == said  # said once, not twice
 
 
 # The tail of a real SGLang 0.5.23 log on a CPU without Intel AMX, started with

@@ -7,7 +7,9 @@
                   records/s: over the last 5 minutes of record ``ts`` values while a dataset
                   runs, over its first to its last record once it is finished
     finished      records plus failed ids reach the target, or the completion tokens reach
-                  the budget
+                  the budget, or run.json says the budget stopped the dataset
+                  (``budget_reached``: the runner stops sending once the next reply would
+                  not fit, short of the budget itself)
     remaining     records still to come: by count, or by the budget left over the average
                   reply, whichever is less
     eta           what is left (records, or tokens under a budget, whichever ends first)
@@ -25,14 +27,16 @@ from typing import Any, NamedTuple, Protocol
 
 from workbench.rundir.rates import Rates, eta_seconds
 
-__all__ = ["Progress", "Target", "progress", "total_progress"]
+__all__ = ["Progress", "Target", "progress", "stopped_by_budget", "total_progress"]
 
 
 class Target(NamedTuple):
-    """What a dataset aims at: records, and a completion-token budget (None: none)."""
+    """What a dataset aims at: records, and a completion-token budget (None: none); whether
+    the runner said the budget stopped it."""
 
     records: int | None
     max_tokens: int | None
+    budget_reached: bool = False
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any], prompt_lines: int | None) -> Target:
@@ -41,7 +45,8 @@ class Target(NamedTuple):
         known = [int(c) for c in counts if isinstance(c, int) and not isinstance(c, bool)]
         records = min(known) if known else prompt_lines
         budget = entry.get("max_tokens")
-        return cls(records, budget if isinstance(budget, int) and budget > 0 else None)
+        return cls(records, budget if isinstance(budget, int) and budget > 0 else None,
+                   entry.get("budget_reached") is True)
 
 
 class Progress(NamedTuple):
@@ -66,6 +71,8 @@ class Counted(Protocol):
     @property
     def max_tokens(self) -> int | None: ...
     @property
+    def budget_reached(self) -> bool: ...
+    @property
     def tokens_per_s(self) -> float | None: ...
     @property
     def requests_per_s(self) -> float | None: ...
@@ -75,12 +82,19 @@ def progress(d: Counted) -> Progress:
     """Remaining records, finished and ETA of one dataset."""
     records, tokens = _left(d)
     finished = records is not None and records <= 0
-    if d.max_tokens is not None and d.completion_tokens >= d.max_tokens:
+    if d.budget_reached or d.max_tokens is not None and d.completion_tokens >= d.max_tokens:
         finished = True
     if finished:
         return Progress(0.0, True, 0.0)
     rates = Rates(d.tokens_per_s, d.requests_per_s)
     return Progress(_records_left(records, tokens, d), False, eta_seconds(records, tokens, rates))
+
+
+def stopped_by_budget(d: Counted) -> bool:
+    """Whether the token budget ended the dataset short of its target records."""
+    spent = d.budget_reached or d.max_tokens is not None and d.completion_tokens >= d.max_tokens
+    short = d.target_records is None or d.records + d.failed_missing < d.target_records
+    return spent and short
 
 
 def total_progress(parts: Sequence[Progress], req_rate: float | None) -> Progress:

@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from workbench.analyze.rules import PROMPT_RULES, SEVERITY, Severity, Thresholds
+from workbench.analyze.rules import PROMPT_RULES, SEVERITY, Severity, Thresholds, counted_over
 from workbench.rundir import prompt_scan
 from workbench.rundir.columns import FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
@@ -169,7 +169,7 @@ def _finding(
     rule: str, count: int, examples: list[Example], records: int, prompts: int | None,
     thresholds: Thresholds,
 ) -> Finding:
-    base = prompts if rule in ("missing_response", "unsent_budget") or rule.endswith("_prompt") else records
+    base = prompts if counted_over(rule) == "prompts" else records
     rate = count / base if base and rule != "no_prompts" else None
     severity = SEVERITY[rule]
     limit = thresholds.error_rate(rule)

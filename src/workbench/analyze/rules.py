@@ -90,6 +90,7 @@ __all__ = [
     "RecordChecker",
     "Severity",
     "Thresholds",
+    "counted_over",
     "failed_rules",
     "reasoning_expected",
     "record_failures",
@@ -130,6 +131,16 @@ SEVERITY: dict[str, Severity] = {
     "contaminated_prompt": "warning",
     "contaminated_reply": "warning",
 }
+
+_OVER_PROMPTS = ("missing_response", "unsent_budget")
+
+
+def counted_over(rule: str) -> Literal["prompts", "records"]:
+    """What a rule's count (and rate) is out of: the dataset's prepared prompts for a
+    prompt without a record (`missing_response`, `unsent_budget`: more than the records,
+    whose ids are prompts.jsonl's) and the rules of prompts (``*_prompt``); else its records."""
+    return "prompts" if rule in _OVER_PROMPTS or rule.endswith("_prompt") else "records"
+
 
 RECORD_RULES: tuple[str, ...] = (
     "missing_field",

@@ -28,8 +28,10 @@ What is counted, per dataset (``OUT/<name>/``):
                                 record, fixed once it is finished; None without any ``ts``
     target_records, max_tokens  from run.json: ``prompts`` (capped by ``max_samples``) and
                                 ``max_tokens``; else the line count of prompts.jsonl
+    budget_reached              run.json says the token budget stopped the dataset (the
+                                runner stops once the next reply would not fit)
     finished                    records plus failed ids reach the target, or the completion
-                                tokens reach ``max_tokens``
+                                tokens reach ``max_tokens``, or the budget stopped it
     eta_s                       what is left (records, or tokens under a budget, whichever
                                 ends first) over the recent rate; 0 when finished, None
                                 without a target or a rate
@@ -121,6 +123,7 @@ class DatasetStats:
     requests_per_s: float | None = None
     target_records: int | None = None
     max_tokens: int | None = None
+    budget_reached: bool = False
     remaining_records: float | None = None
     finished: bool = False
     eta_s: float | None = None
@@ -172,6 +175,7 @@ class DatasetStats:
             "requests_per_s": _round(self.requests_per_s, 4),
             "target_records": self.target_records,
             "max_tokens": self.max_tokens,
+            "budget_reached": self.budget_reached,
             "remaining_records": _round(self.remaining_records, 1),
             "finished": self.finished,
             "bad_lines": self.bad_lines,
@@ -350,6 +354,7 @@ class _Dataset:
             requests_per_s=req_rate,
             target_records=target.records,
             max_tokens=target.max_tokens,
+            budget_reached=target.budget_reached,
             bad_lines=raw.bad_lines,
             torn_tail=raw.torn,
             last_write=self.raw_cursor.mtime,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 
+from workbench.analyze.eta import stopped_by_budget
 from workbench.analyze.stats import DatasetStats, RunStats, collect_stats
 from workbench.rundir.run import check_run_dir
 from workbench.text import format_count, format_duration, format_rate, format_table
@@ -43,7 +44,7 @@ def _progress_row(d: DatasetStats) -> list[str]:
     spread = (d.avg_completion_tokens, *d.percentiles, d.max_completion_tokens)
     length = "-" if d.truncation_rate is None else f"{d.truncation_rate:.1%}"
     target = f"{d.records:,}/{format_count(d.target_records)}"
-    eta = "done" if d.finished else format_duration(d.eta_s)
+    eta = ("budget reached" if stopped_by_budget(d) else "done") if d.finished else format_duration(d.eta_s)
     rates = (format_rate(d.tokens_per_s), format_rate(d.requests_per_s))
     return [d.name, *(format_count(v) for v in spread), length, *rates, target, eta]
 

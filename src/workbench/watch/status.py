@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.analyze import eta
 from workbench.analyze.stats import DatasetStats, RunStats
 from workbench.server.metrics import MetricsSnapshot, cache_hit_rate, generation_rate
 
@@ -200,9 +201,7 @@ def run_is_active(
 
 def stopped_by_budget(ds: DatasetStats) -> bool:
     """The token budget ended the dataset before its target."""
-    budget_spent = ds.max_tokens is not None and ds.completion_tokens >= ds.max_tokens
-    short = ds.target_records is None or ds.records + ds.failed_missing < ds.target_records
-    return ds.finished and budget_spent and short
+    return ds.finished and eta.stopped_by_budget(ds)
 
 
 def dataset_status(
