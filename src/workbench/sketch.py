@@ -326,17 +326,18 @@ def digest(
 ) -> np.ndarray:
     """Per row, a 64-bit hash of its whole id sequence (uint64), for exact duplicates.
 
-    The BLAKE2b digest of the row's ids as 64-bit values (int64 ids and their uint64 view
-    give the same bytes): one C call a row, about ten times faster on long rows than numpy
-    passes over every id (0.47 s against 5.6 s for 60M ids). Equal sequences give equal
-    digests in any block or process; different ones differ but with a chance of 2**-64.
+    The BLAKE2b digest of the row's ids as 32-bit values (their low bits: every id of a
+    vocabulary fits; ids past it are flagged apart, and word hashes keep 32 random bits): one
+    C call a row, about ten times faster on long rows than numpy passes over every id, and
+    half the bytes of 64-bit values. Equal sequences give equal digests in any block or
+    process; different ones differ but with a chance of about 2**-64.
     """
-    values = np.ascontiguousarray(_as_u64(ids))
+    values = _as_u64(ids).astype(np.uint32)  # (a copy: contiguous)
     data = values.view(np.uint8).data
     first = np.asarray(starts, dtype=np.int64).tolist()
     last = np.asarray(ends, dtype=np.int64).tolist()
     return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(data[s * 8:e * 8], digest_size=8).digest(), "little")
+        (int.from_bytes(hashlib.blake2b(data[s * 4:e * 4], digest_size=8).digest(), "little")
          for s, e in zip(first, last, strict=True)),
         dtype=_U64, count=len(first))
 
