@@ -24,6 +24,7 @@ from workbench.analyze.score import (
 )
 from workbench.demo import start_simulator
 from workbench.errors import DataError
+from workbench.rundir.lock import hold_run_lock, hold_score_lock
 from workbench.rundir.records import encode_line
 from workbench.server.launch import ServerProcess, find_free_port
 from workbench.sim import SimConfig, create_app
@@ -106,6 +107,20 @@ def test_a_second_run_scores_nothing_new(out: Path, sim: ServerProcess) -> None:
     total = len(jsonl(out / "ids" / SCORES_FILE)) + len(jsonl(out / "txt" / SCORES_FILE))
     assert again.stdout.startswith(f"scored 0 ({total} already), failed 0")
     assert (out / "ids" / SCORES_FILE).read_bytes() == before
+
+
+def test_a_second_score_of_the_same_run_is_refused_while_one_runs(out: Path, sim: ServerProcess) -> None:
+    """Two scorers would append the same scores twice: the second one is one line, exit 2,
+    and nothing is written; a generate's lock does not stop a score (it reads finished
+    records only)."""
+    with hold_score_lock(out):
+        refused = score(out, sim)
+    assert refused.returncode == 2 and not (out / "ids" / SCORES_FILE).exists()
+    assert "another workbench score (pid " in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    with hold_run_lock(out):
+        assert score(out, sim).returncode == 0
+    assert len(jsonl(out / "ids" / SCORES_FILE)) == len(records(out / "ids"))
 
 
 def test_only_records_appended_since_are_scored(out: Path, sim: ServerProcess) -> None:

@@ -68,6 +68,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError, InputError, ProtocolError, RequestFailed
 from workbench.rundir.layout import SCORES_FILE, DatasetDir
+from workbench.rundir.lock import hold_score_lock
 from workbench.rundir.records import (
     JsonlAppender,
     LineSpan,
@@ -559,6 +560,15 @@ async def score_run_async(
     started = time.perf_counter()
     run = load_run(out, only)
     summary = ScoreSummary([DatasetScores(ds.name) for ds in run.datasets], top_k)
+    with hold_score_lock(out):
+        await _score(run, summary, server, api_key, transport, top_k, concurrency, on_progress)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+async def _score(run: RunInfo, summary: ScoreSummary, server: str, api_key: str | None,
+                 transport: httpx.AsyncBaseTransport | None, top_k: int, concurrency: int,
+                 on_progress: OnProgress | None) -> None:
     async with SGLangClient(server, api_key=api_key, transport=transport,
                              timeout=request_timeout(REQUEST_TIMEOUT)) as client:
         limit = await _server_limit(client)
@@ -568,8 +578,6 @@ async def score_run_async(
             await scorer.run(run, _pending(ds, result), concurrency)
             scores = load_scores(ds)
             result.mean_nll = float(scores["nll"].mean()) if len(scores) else None
-    summary.seconds = time.perf_counter() - started
-    return summary
 
 
 def score_run(

@@ -47,6 +47,7 @@ __all__ = [
     "REJECTED_SUFFIX",
     "RUN_ENTRIES",
     "SCORES_FILE",
+    "SCORE_LOCK_FILE",
     "SKIPPED_FILE",
     "TORN_SUFFIX",
     "DatasetDir",
@@ -57,6 +58,7 @@ __all__ = [
 
 MANIFEST_FILE = "run.json"
 LOCK_FILE = ".writer.lock"
+SCORE_LOCK_FILE = ".score.lock"  # held by `workbench score` (it may run beside a generate)
 RAW_FILE = "raw_responses.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
 ERRORS_FILE = "errors.jsonl"
@@ -69,7 +71,7 @@ BACKUP_SUFFIX = ".bak"
 CACHE_DIR = ".workbench-cache"
 # The top-level entries of a run directory that are not dataset folders (the module
 # docstring says who writes each); a run of one dataset holds DATASET_FILES at the top too.
-RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, *DATASET_FILES, "explore.ipynb", "explore-lab.log",
+RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, SCORE_LOCK_FILE, *DATASET_FILES, "explore.ipynb", "explore-lab.log",
                "sim.log", "reports", "export", "tuning")
 # Compared without case: macOS and Windows folders do not tell `Run.json` from `run.json`.
 _RESERVED = {name.lower(): name for name in RUN_ENTRIES}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from workbench.errors import InputError
-from workbench.rundir.layout import LOCK_FILE
+from workbench.rundir.layout import LOCK_FILE, SCORE_LOCK_FILE
 from workbench.rundir.storage import storage_error
 
 try:
@@ -24,7 +24,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["hold_run_lock", "writer_alive"]
+__all__ = ["hold_run_lock", "hold_score_lock", "writer_alive"]
 
 
 def _try_lock(handle: IO[str], mode: int) -> bool:
@@ -40,7 +40,21 @@ def _try_lock(handle: IO[str], mode: int) -> bool:
 def hold_run_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the writer's lock on out (which must exist) for the block; InputError naming the
     other writer's pid when it is held already."""
-    path = Path(out) / LOCK_FILE
+    with _holding(Path(out), LOCK_FILE, "generate", "is writing this run"):
+        yield
+
+
+@contextlib.contextmanager
+def hold_score_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the scorer's lock on out for the block (a second `workbench score` of the run
+    would append the same scores twice); InputError naming the other one's pid."""
+    with _holding(Path(out), SCORE_LOCK_FILE, "score", "is scoring this run"):
+        yield
+
+
+@contextlib.contextmanager
+def _holding(out: Path, name: str, verb: str, doing: str) -> Iterator[None]:
+    path = out / name
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
@@ -48,7 +62,7 @@ def hold_run_lock(out: str | os.PathLike[str]) -> Iterator[None]:
         if not _try_lock(handle, fcntl.LOCK_EX):
             handle.seek(0)
             pid = handle.read().strip() or "?"
-            raise InputError(f"{out}: another workbench generate (pid {pid}) is writing this run")
+            raise InputError(f"{out}: another workbench {verb} (pid {pid}) {doing}")
         _write_pid(handle, path)
         try:
             yield
