@@ -172,8 +172,9 @@ def _given(value: msgspec.Struct) -> dict[str, Any]:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``["key=value", ...]`` as a dict, each value read as a YAML scalar (``true``, ``3``,
-    ``null``, ``a/b``), Python's ``None`` also read as null (as the notebooks write it);
-    ConfigError for an item without ``=`` or with a non-scalar value."""
+    ``null``, ``a/b``) or a flow list of them (``[a.jsonl, b.jsonl]``), Python's ``None``
+    also read as null (as the notebooks write it); ConfigError for an item without ``=`` or
+    with a mapping or nested value."""
     found: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -183,8 +184,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             value = None if text.strip() == "None" else yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        if isinstance(value, dict | list):
-            raise ConfigError(key.strip(), f"expected a scalar value, got {text!r}", "-p")
+        if isinstance(value, dict) or isinstance(value, list) and any(
+                isinstance(item, dict | list) for item in value):
+            raise ConfigError(key.strip(), f"expected a value or a list of values, got {text!r}",
+                              "-p")
         found[key.strip()] = value
     return found
 
@@ -196,11 +199,27 @@ def _check_overrides(overrides: Mapping[str, Any], struct: type[msgspec.Struct])
         if key not in known:
             raise ConfigError(key, f"unknown parameter (known: {', '.join(known)})", "-p")
         try:
-            checked.update(_given(msgspec.convert({key: value}, struct, str_keys=True)))
+            checked.update(_given(_converted(key, value, struct)))
         except msgspec.ValidationError as exc:
             message = str(exc).split(" - at ")[0]
             raise ConfigError(key, f"{message[0].lower()}{message[1:]}", "-p") from None
     return checked
+
+
+def _converted(key: str, value: Any, struct: type[msgspec.Struct]) -> msgspec.Struct:
+    """{key: value} as the parameters' struct; a text given for a list parameter is its
+    comma-separated items (``-p decontaminate=a.jsonl,b.jsonl``)."""
+    try:
+        return msgspec.convert({key: value}, struct, str_keys=True)
+    except msgspec.ValidationError:
+        if not isinstance(value, str):
+            raise
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        try:
+            return msgspec.convert({key: items}, struct, str_keys=True)
+        except msgspec.ValidationError:
+            pass
+        raise
 
 
 def resolve_paths(values: Mapping[str, Any], base: Path) -> dict[str, Any]:
