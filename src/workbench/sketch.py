@@ -624,6 +624,10 @@ class PieceDecoder:
         self.pieces = _piece_table(tokenizer)
         self.size = len(self.pieces) - 1
         self.digest = hashlib.sha256(b"\0".join(self.pieces.tolist())).hexdigest()
+        # the pieces back to back: a row's bytes are gathered by numpy, not joined by Python
+        self._lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
+        self._starts = np.cumsum(self._lengths) - self._lengths
+        self._bytes = np.frombuffer(b"".join(self.pieces.tolist()), dtype=np.uint8)
 
     def text(self, ids: np.ndarray | Sequence[int]) -> str:
         """The text of a sequence of ids (invalid UTF-8 replaced)."""
@@ -637,11 +641,21 @@ class PieceDecoder:
         """(word hashes, word starts, word ends): each row's text, normalised and hashed as
         :func:`word_hashes` does, the rows back to back (row i's words are
         hashes[word_starts[i]:word_ends[i]])."""
-        array = np.asarray(ids, dtype=np.int64)
-        parts = self.pieces[self._index(array)]
-        bounds = zip(np.asarray(starts).tolist(), np.asarray(ends).tolist(), strict=True)
-        texts = (b"".join(parts[a:b]).decode("utf-8", "replace") for a, b in bounds)
-        return _hash_word_rows([normalise_words(text) for text in texts])
+        index = self._index(np.asarray(ids, dtype=np.int64))
+        data, offsets = self._gathered(index)
+        bounds = zip(offsets[np.asarray(starts, dtype=np.int64)].tolist(),
+                     offsets[np.asarray(ends, dtype=np.int64)].tolist(), strict=True)
+        return _hash_word_rows([normalise_words(data[a:b].decode("utf-8", "replace"))
+                                for a, b in bounds])
+
+    def _gathered(self, index: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """The pieces of `index` back to back, and the byte offset of each (one more)."""
+        lengths = self._lengths[index]
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        source = np.repeat(self._starts[index] - offsets[:-1], lengths)
+        source += np.arange(int(offsets[-1]), dtype=np.int64)
+        return self._bytes[source].tobytes(), offsets
 
     def _index(self, ids: np.ndarray) -> np.ndarray:
         return np.where((ids >= 0) & (ids < self.size), ids, self.size)
