@@ -130,7 +130,24 @@ workbench tune --params params/tuning.yaml --dry-run
 ```
 
 Several servers: put `sglang-router` in front of them (params/router.yaml explains its flags).
-Reports land in outputs/reports/NAME-<timestamp>/ with a NAME-latest link to the newest.
+Reports land in outputs/reports/NAME-<timestamp>/ with a NAME-latest link to the newest;
+outputs/reports/index.html lists them all (open it in a browser).
+
+## Reports on a schedule
+
+While the job runs, keep its reports current: a check every 30 minutes renders only when the
+run grew, and the loop stops once the run is finished (Ctrl-C stops it sooner):
+
+```bash
+workbench report token_distribution --every 30m --until done --keep 48
+workbench report format_validation --every 1h --until done
+```
+
+Or from JupyterLab: `workbench explore {JOB_RUN_DIR}` opens Lab on this folder; right-click a
+notebook of notebooks/ (or its toolbar's "Create a notebook job" button) to run it once or on a
+schedule with its parameters (`run_dir` = `{JOB_RUN_DIR}`, ...). The renderings land in
+outputs/reports/ and its index.html as the command line's do. A finished `workbench tune`
+sweep renders its throughput_tuning report there too (`--no-report` to skip it).
 """
 
 

@@ -7,7 +7,12 @@ A report folder holds, next to the executed notebook and its HTML:
                    runs it again
     report.json    the report's name and time, the notebook's digest, Python and package
                    versions, and each input file read: its path, byte length and digest
-                   (``bytes_after`` too when it grew while the report ran)
+                   (``bytes_after`` too when it grew while the report ran); for the index
+                   of reports (:mod:`workbench.report.index`) also ``run`` (the run_dir or
+                   sweep_dir it read), ``inputs_changed`` (since the previous rendering of
+                   the same report and run: true, false, or null for the first), and once
+                   it ran ``cell_errors`` (error outputs in the executed notebook) or
+                   ``error`` (why the rendering failed or stopped)
 
 Input files are those of the path parameters: a run directory's ``run.json`` and each
 dataset's ``raw_responses.jsonl``, ``prompts.jsonl`` and ``errors.jsonl``; every file of a
@@ -47,12 +52,15 @@ __all__ = [
     "MANIFEST",
     "PARAMS",
     "InputChange",
+    "changed_since",
     "compare_inputs",
     "content_hash",
     "digest",
     "input_files",
     "package_versions",
     "read_manifest",
+    "record_failure",
+    "run_of",
     "write_manifest",
     "write_parameters",
 ]
@@ -164,26 +172,52 @@ def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_of(parameters: Mapping[str, Any]) -> str | None:
+    """The run a report reads: its ``run_dir``, else its ``sweep_dir`` (None for neither)."""
+    for key in ("run_dir", "sweep_dir"):
+        value = parameters.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def write_manifest(folder: Path, name: str, notebook: Path, files: list[tuple[str, Path]],
-                   started: float) -> list[dict[str, Any]]:
-    """report.json, its inputs digested now; returns the inputs (for :func:`finish_manifest`)."""
+                   started: float, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """report.json, its inputs digested now (`extra` keys added at its top level); returns
+    the inputs (for :func:`finish_manifest`)."""
     inputs = _inputs(files)
     manifest = {"report": name, "started": started, "notebook": {"path": str(notebook),
-                "sha256": digest(notebook)[1]}, "versions": package_versions(), "inputs": inputs}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+                "sha256": digest(notebook)[1]}, "versions": package_versions(), "inputs": inputs,
+                **(extra or {})}
+    _write(folder, manifest)
     return inputs
 
 
-def finish_manifest(folder: Path) -> None:
-    """Add the finishing time, and ``bytes_after`` to each input that grew meanwhile."""
+def _write(folder: Path, manifest: Mapping[str, Any]) -> None:
+    """report.json replaced whole (a reader never sees half of it)."""
+    temporary = folder / f".{MANIFEST}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, folder / MANIFEST)
+
+
+def finish_manifest(folder: Path, extra: Mapping[str, Any] | None = None) -> None:
+    """Add the finishing time, `extra`, and ``bytes_after`` to each input that grew meanwhile."""
     manifest = read_manifest(folder)
     for entry in manifest["inputs"]:
         path = Path(entry["path"])
         size = path.stat().st_size if path.exists() else 0
         if size != entry["bytes"]:
             entry["bytes_after"] = size
+    manifest.update(extra or {})
     manifest["finished"] = time.time()
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    _write(folder, manifest)
+
+
+def record_failure(folder: Path, message: str) -> None:
+    """Say in report.json why the rendering did not finish (a cell raised, Ctrl-C)."""
+    manifest = read_manifest(folder)
+    manifest["error"] = message
+    _write(folder, manifest)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -210,9 +244,16 @@ class InputChange:
     now: int | None
 
     def line(self) -> str:
-        sizes = {"grew": f" ({self.was:,} -> {self.now:,} bytes; the first {self.was:,} unchanged)",
-                 "changed": f" ({self.was:,} -> {self.now:,} bytes)", "new": f" ({self.now:,} bytes)"}
-        return f"{self.state}: {self.path}{sizes.get(self.state, '')}"
+        was, now = self.was, self.now
+        if self.state == "grew" and was is not None and now is not None:
+            sizes = f" ({was:,} -> {now:,} bytes; the first {was:,} unchanged)"
+        elif self.state == "changed" and was is not None and now is not None:
+            sizes = f" ({was:,} -> {now:,} bytes)"
+        elif self.state in ("new", "changed") and now is not None:
+            sizes = f" ({now:,} bytes)"
+        else:
+            sizes = ""
+        return f"{self.state}: {self.path}{sizes}"
 
 
 def _compared(entry: Mapping[str, Any]) -> InputChange:
@@ -236,4 +277,16 @@ def compare_inputs(manifest: Mapping[str, Any], now: list[tuple[str, Path]]) -> 
     recorded = {entry["path"] for entry in manifest["inputs"]}
     changes += [InputChange(str(path), "new", None, path.stat().st_size)
                 for _, path in now if str(path) not in recorded]
+    return changes
+
+
+def changed_since(manifest: Mapping[str, Any], notebook: Path,
+                  now: list[tuple[str, Path]]) -> list[InputChange]:
+    """What differs from a recorded rendering: its inputs (:func:`compare_inputs`, the
+    unchanged ones left out), and the notebook when its digest is another one."""
+    changes = [c for c in compare_inputs(manifest, now) if c.state != "unchanged"]
+    recorded = manifest.get("notebook", {})
+    if notebook.is_file() and digest(notebook)[1] != recorded.get("sha256"):
+        size = notebook.stat().st_size
+        changes.append(InputChange(str(notebook), "changed", None, size))
     return changes

@@ -3,7 +3,8 @@
 ``run_report(name, params_file, overrides, out_dir)`` executes ``notebooks/NAME.ipynb`` and
 writes ``OUT_DIR/NAME-<YYYYmmdd-HHMMSS>/NAME.ipynb`` (the executed notebook) and
 ``NAME.html`` (code hidden, plotly.js inlined once, so it opens without a network);
-``OUT_DIR/NAME-latest`` links to the newest finished one.
+``OUT_DIR/NAME-latest`` links to the newest finished one, and ``OUT_DIR/index.html`` lists
+every rendering (:mod:`workbench.report.index`; rewritten after each, failed ones too).
 
 Parameters are :mod:`workbench.report.parameters`'s: checked, path ones made absolute,
 before any kernel starts; the run folders and the tokenizer they name must exist. The
@@ -37,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.errors import ReportError
-from workbench.report import provenance
+from workbench.errors import ConfigError, ReportError
+from workbench.report import index, provenance
 from workbench.report.jupyter import DATA_MIME, fast_jupyter_imports, report_kernel_env
 from workbench.report.parameters import (
     DEMO_REPORTS,
@@ -55,11 +56,14 @@ from workbench.tokenizer import check_tokenizer_dir
 
 __all__ = [
     "DEFAULT_OUT",
+    "Planned",
     "ReportResult",
     "cell_data",
+    "changes_since_latest",
     "demo_reports",
     "export_html",
     "link_latest",
+    "plan_report",
     "rerun_report",
     "run_report",
 ]
@@ -94,6 +98,7 @@ class ReportResult:
     notebook_path: Path
     parameters: Mapping[str, Any]
     seconds: Mapping[str, float] = field(default_factory=dict)  # "notebook", "html", "total"
+    inputs_changed: bool | None = None  # since the previous rendering (None: the first)
 
 
 def _kernel_manager_class() -> type:
@@ -257,6 +262,49 @@ def export_html(notebook: Any, html_path: str | os.PathLike[str], title: str) ->
     return path
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A report as it would run now: its notebook, every parameter (defaults filled in,
+    paths absolute; ``now`` left as given), the input files they name and the run read."""
+
+    name: str
+    notebook: Path
+    parameters: Mapping[str, Any]
+    files: list[tuple[str, Path]]
+    run: str | None
+
+
+def plan_report(
+    name: str,
+    params_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    notebooks: str | os.PathLike[str] | None = None,
+) -> Planned:
+    """The report NAME with these parameters, checked (ConfigError, InputError as
+    :func:`run_report`), nothing run or written."""
+    notebook = find_notebook(name, Path(notebooks) if notebooks is not None else None)
+    parameters = load_parameters(notebook, params_file, overrides)
+    _check_inputs(parameters)
+    completed = _complete(notebook, parameters, None)
+    return Planned(name, notebook.resolve(), completed,
+                   provenance.input_files(completed, PATH_PARAMETERS), provenance.run_of(completed))
+
+
+def changes_since_latest(out_dir: str | os.PathLike[str], planned: Planned) -> list[Any] | None:
+    """What changed (:class:`workbench.report.provenance.InputChange`, the notebook
+    included) since the newest finished rendering of the same report and run in `out_dir`;
+    None when there is none."""
+    previous = index.latest_rendering(out_dir, planned.name, planned.run)
+    if previous is None:
+        return None
+    try:
+        manifest = provenance.read_manifest(previous.folder)
+    except ConfigError:
+        return None
+    return provenance.changed_since(manifest, planned.notebook, planned.files)
+
+
 def run_report(
     name: str,
     params_file: str | os.PathLike[str] | None = None,
@@ -270,27 +318,46 @@ def run_report(
 
     `timeout` bounds each cell (seconds; None: no bound). ConfigError for an unknown report
     or bad parameters and InputError for a `run_dir` that is not a run (both before any
-    kernel starts or anything is written), ReportError when a cell fails.
+    kernel starts or anything is written), ReportError when a cell fails. Whether it ran or
+    failed, ``OUT_DIR/index.html`` is written again (:mod:`workbench.report.index`).
     """
-    notebook = find_notebook(name, Path(notebooks) if notebooks is not None else None)
-    parameters = load_parameters(notebook, params_file, overrides)
-    _check_inputs(parameters)
     started, wall = time.perf_counter(), time.time()
-    parameters = _complete(notebook, parameters, wall)
+    planned = plan_report(name, params_file, overrides, notebooks=notebooks)
+    changes = changes_since_latest(out_dir, planned)
+    parameters = _complete(planned.notebook, planned.parameters, wall)
     folder = _report_folder(Path(out_dir), name, wall)
     provenance.write_parameters(folder, parameters, name)
-    provenance.write_manifest(folder, name, notebook.resolve(),
-                              provenance.input_files(parameters, PATH_PARAMETERS), wall)
+    extra = {"run": planned.run, "inputs_changed": None if changes is None else bool(changes)}
+    provenance.write_manifest(folder, name, planned.notebook, planned.files, wall, extra)
     executed = folder / f"{name}.ipynb"
-    nb = _execute(name, notebook.resolve(), executed.resolve(), parameters, timeout)
-    provenance.finish_manifest(folder)
+    try:
+        nb = _execute(name, planned.notebook, executed.resolve(), parameters, timeout)
+    except BaseException as exc:  # a failed cell, Ctrl-C: said in report.json and the index
+        _failed(folder, out_dir, exc)
+        raise
+    provenance.finish_manifest(folder, {"cell_errors": _error_outputs(nb.cells)})
     ran = time.perf_counter()
     title = name.replace("_", " ").capitalize()
     html_path = export_html(nb, folder / f"{name}.html", title)
     link_latest(folder, name)
+    index.write_index(out_dir)
     done = time.perf_counter()
     seconds = {"notebook": ran - started, "html": done - ran, "total": done - started}
-    return ReportResult(name, html_path.resolve(), executed.resolve(), parameters, seconds)
+    return ReportResult(name, html_path.resolve(), executed.resolve(), parameters, seconds,
+                        None if changes is None else bool(changes))
+
+
+def _error_outputs(cells: list[Any]) -> int:
+    """Error outputs of an executed notebook's cells (those tagged raises-exception too)."""
+    return sum(1 for cell in cells for out in cell.get("outputs", []) if out.get("output_type") == "error")
+
+
+def _failed(folder: Path, out_dir: str | os.PathLike[str], exc: BaseException) -> None:
+    """Record why a rendering stopped and list it in the index (never raising over `exc`)."""
+    reason = str(exc) if isinstance(exc, ReportError) else f"stopped: {type(exc).__name__}"
+    with contextlib.suppress(OSError, ConfigError):
+        provenance.record_failure(folder, reason)
+        index.write_index(out_dir)
 
 
 def _check_inputs(parameters: Mapping[str, Any]) -> None:
@@ -303,7 +370,7 @@ def _check_inputs(parameters: Mapping[str, Any]) -> None:
         check_tokenizer_dir(parameters["tokenizer"])
 
 
-def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[str, Any]:
+def _complete(notebook: Path, given: Mapping[str, Any], started: float | None) -> dict[str, Any]:
     """Every parameter of the notebook as the report runs it: its defaults (path ones made
     absolute against the notebook's folder, where its kernel runs) under the given values;
     ``interactive`` off (a report is static); ``now`` pinned to the start when unset, so
@@ -313,7 +380,7 @@ def _complete(notebook: Path, given: Mapping[str, Any], started: float) -> dict[
     values = {**defaults, **given}
     if "interactive" in declared and "interactive" not in given:
         values["interactive"] = False
-    if "now" in declared and values.get("now") is None:
+    if "now" in declared and values.get("now") is None and started is not None:
         values["now"] = started
     return values
 

@@ -72,7 +72,7 @@ CACHE_DIR = ".workbench-cache"
 # The top-level entries of a run directory that are not dataset folders (the module
 # docstring says who writes each); a run of one dataset holds DATASET_FILES at the top too.
 RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, SCORE_LOCK_FILE, *DATASET_FILES, "explore.ipynb", "explore-lab.log",
-               "sim.log", "reports", "export", "tuning")
+               "sim.log", "reports", "notebooks", "export", "tuning")
 # Compared without case: macOS and Windows folders do not tell `Run.json` from `run.json`.
 _RESERVED = {name.lower(): name for name in RUN_ENTRIES}
 

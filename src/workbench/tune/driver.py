@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from workbench.errors import InputError, LaunchError, RequestFailed
+from workbench.errors import InputError, LaunchError, ReportError, RequestFailed
 from workbench.report.parameters import notebooks_dir
 from workbench.report.render import run_report
 from workbench.rundir.files import write_atomic
@@ -460,21 +461,42 @@ def run_sweep_cli(
     resume: bool = False,
     overrides: Iterable[str] = (),
     say: Say,
+    report_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """`workbench tune`: print the commands (dry run) or run the sweep with SIGINT/SIGTERM
-    stopping it cleanly (servers stopped, results kept). Returns the exit code (130 when
-    interrupted). Bad parameters raise ConfigError for the CLI's one-line message."""
+    stopping it cleanly (servers stopped, results kept). A sweep that ran to its end renders
+    its throughput_tuning report into `report_dir` (None: no report), which lists it in
+    its index.html. Returns the exit code (130 when interrupted, 1 when the report failed).
+    Bad parameters raise ConfigError for the CLI's one-line message."""
     params = load_tuning_params(params_file, overrides)
     if dry_run:
         say(format_commands(plan_commands(params)))
         return 0
     root = Path(out) if out is not None else default_out(params_file)
     summary = asyncio.run(_interruptible(params, root, resume, say))
+    reported = True
+    if report_dir is not None and not summary.interrupted:
+        reported = _sweep_report(root, report_dir, say)
     say(format_results_table(summary.results))
     for line in recommend_sweep(root, results=summary.results).lines:
         say(line)
     say(f"results: {root / RESULTS_FILE}")
-    return 130 if summary.interrupted else 0
+    return 130 if summary.interrupted else 0 if reported else 1
+
+
+def _sweep_report(root: Path, report_dir: str | os.PathLike[str], say: Say) -> bool:
+    """The sweep's throughput_tuning report, said; False when it failed (said why)."""
+    if importlib.util.find_spec("papermill") is None:
+        say("no tuning report: the notebooks extra is not installed (pip install 'workbench[notebooks]')")
+        return True
+    say("rendering the throughput_tuning report ...")
+    try:
+        result = tuning_report(root, report_dir)
+    except (ReportError, InputError) as exc:
+        say(f"tuning report failed: {exc}")
+        return False
+    say(f"report: {result.html_path} (index: {Path(report_dir) / 'index.html'})")
+    return True
 
 
 async def _interruptible(params: TuningParams, root: Path, resume: bool, say: Say) -> SweepSummary:
