@@ -2,9 +2,13 @@
 
 The test starts `workbench explore RUN --no-browser` (JupyterLab on a free port with a token),
 opens the printed URL in Debian's Chromium through the `playwright` package (never a
-downloaded browser), runs all cells, changes a control and sees a figure redraw, clicks a
-point and reads the record it opens, saves, and checks that the package's notebooks were not
-written. JupyterLab's process group is always stopped.
+downloaded browser) at 1400x900, runs all cells and, as a user would: sees the controls and
+the first figure on one screen; unticks a dataset and sees every figure redraw; empties the
+selection (an unknown sample id) and sees every figure keep its size, say so, and come back
+whole when the filter is cleared; clicks a point and sees it ringed and its record open in
+view, beside the figures; filters that record out and is told; resets the filters; saves;
+and checks that the package's notebooks were not written. JupyterLab's process group is
+always stopped. With $WORKBENCH_SCREENSHOTS set, screenshots of each step land there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,11 +80,45 @@ def lab(run: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]
             os.kill(pid, signal.SIGKILL)
 
 
+PLOTS = "document.querySelectorAll('.jp-Notebook .js-plotly-plot')"
+
+
 def _trace_names(page: Any, index: int) -> list[str]:
     return page.evaluate(f"""() => {{
-        const plot = document.querySelectorAll('.jp-Notebook .js-plotly-plot')[{index}];
+        const plot = {PLOTS}[{index}];
         return plot && plot.data ? plot.data.map(t => t.name) : [];
     }}""")
+
+
+def _figures(page: Any) -> list[dict[str, Any]]:
+    """Each figure's height on screen, its traces (name, point count) and its visible notes."""
+    return page.evaluate(f"""() => [...{PLOTS}].map(plot => ({{
+        height: Math.round(plot.getBoundingClientRect().height),
+        traces: (plot.data || []).map(t => [t.name || '', (t.x || []).length]),
+        notes: [...plot.querySelectorAll('.annotation-text')].map(n => n.textContent),
+    }}))""")
+
+
+def _wait_for_figures(page: Any, expected: list[dict[str, Any]]) -> None:
+    """Until the figures are drawn as `expected` (a _figures result): heights, traces, notes."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while (drawn := _figures(page)) != expected:
+        assert time.monotonic() < deadline, (drawn, expected)
+        page.wait_for_timeout(250)
+
+
+def _shoot(page: Any, name: str) -> None:
+    """A 1400x900 screenshot into $WORKBENCH_SCREENSHOTS, when set (to look at the explorer)."""
+    folder = os.environ.get("WORKBENCH_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"explore-{name}.png"))
+
+
+def _in_view(page: Any, locator: Any) -> bool:
+    box = locator.bounding_box()
+    height = page.viewport_size["height"]
+    return box is not None and box["y"] >= 0 and box["y"] + min(box["height"], 200) <= height
 
 
 def _accept_kernel(page: Any) -> None:
@@ -96,16 +135,38 @@ def _run_all(page: Any) -> None:
 
 
 def _click_a_point(page: Any) -> None:
-    """Hover then click the first marker of the first scatter plot (plotly picks the point
-    under the mouse from the hover)."""
-    plot = page.locator(".jp-Notebook .js-plotly-plot").first
-    plot.scroll_into_view_if_needed()
-    box = plot.locator(".scatterlayer .trace .points path").first.bounding_box()
-    assert box is not None
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    """Hover then click the point of the first scatter plot farthest inside its plot area
+    (plotly picks the point under the mouse from the hover)."""
+    page.locator(".jp-Notebook .js-plotly-plot").first.scroll_into_view_if_needed()
+    x, y = page.evaluate(f"""() => {{
+        const plot = {PLOTS}[0], area = plot.querySelector('.nsewdrag').getBoundingClientRect();
+        const inside = p => Math.min(p[0] - area.left, area.right - p[0], p[1] - area.top, area.bottom - p[1]);
+        const points = [...plot.querySelectorAll('.scatterlayer .trace .points path')].map(path => {{
+            const r = path.getBoundingClientRect();
+            return [r.x + r.width / 2, r.y + r.height / 2];
+        }});
+        return points.reduce((best, p) => inside(p) > inside(best) ? p : best);
+    }}""")
     page.mouse.move(x - 5, y - 5)
     page.mouse.move(x, y)
     page.mouse.click(x, y)
+
+
+def _type_sample_id(page: Any, text: str) -> None:
+    box = page.locator(".jp-Notebook .widget-text input[placeholder='a sample id']")
+    box.fill(text)
+    box.press("Enter")
+
+
+def _wait_for_points(page: Any, names: list[str]) -> None:
+    """Until the first figure draws exactly these datasets' points (besides legend keys)."""
+    page.wait_for_function(f"""() => {{
+        const plot = {PLOTS}[0];
+        const drawn = plot && plot.data ? plot.data.filter(t => t.customdata && t.customdata.length)
+                                                   .map(t => t.name) : [];
+        const wanted = {json.dumps(names)};
+        return wanted.every(n => drawn.includes(n)) && drawn.every(n => wanted.includes(n));
+    }}""")
 
 
 def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]]) -> None:
@@ -114,31 +175,74 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
     with playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(TIMEOUT_MS)
             page.goto(url)
             page.locator(".jp-Notebook .jp-Cell").first.wait_for()
             _accept_kernel(page)
             _run_all(page)
             page.locator(".jp-Notebook .js-plotly-plot").nth(2).wait_for()
-            page.locator(".jp-Notebook .widget-select-multiple select").first.wait_for()
-            page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .js-plotly-plot')[0]"
-                                   " && document.querySelectorAll('.jp-Notebook .js-plotly-plot')[0].data")
+            reset = page.locator(".jp-Notebook button", has_text="Reset filters")
+            reset.wait_for()
+            page.wait_for_function(f"() => {PLOTS}[0] && {PLOTS}[0].data")
             assert {"chat", "ids"} <= set(_trace_names(page, 0))
 
-            # a control changes every figure in place
-            page.locator(".jp-Notebook .widget-select-multiple select").first.select_option(["ids"])
-            page.wait_for_function("""() => [0, 2].every(i => {
-                const plot = document.querySelectorAll('.jp-Notebook .js-plotly-plot')[i];
-                const names = plot && plot.data ? plot.data.map(t => t.name) : [];
-                return names.includes('ids') && !names.some(n => n.startsWith('chat'));
-            })""")  # redrawn in place: the same plots, now without the other dataset
-            assert "of 60 records selected" in page.locator(".jp-Notebook").inner_text()
+            # the controls and the first figure fit on one 1400x900 screen
+            page.locator(".jp-Notebook .widget-checkbox", has_text="chat").first.scroll_into_view_if_needed()
+            page.evaluate("""() => document.querySelector('.jp-Notebook .widget-checkbox')
+                                   .closest('.jp-Cell').scrollIntoView({block: 'start'})""")
+            page.wait_for_timeout(500)
+            _shoot(page, "1-controls-and-first-figure")
+            first = page.locator(".jp-Notebook .js-plotly-plot").first
+            assert _in_view(page, reset) and _in_view(page, first.locator(".main-svg").first)
+            assert page.evaluate(f"""() => [...{PLOTS}].every(p => p.querySelector('.main-svg')
+                .getBoundingClientRect().right <= p.closest('.wb-explorer-board > .widget-vbox')
+                .getBoundingClientRect().right + 1)""")  # each figure fits its column, beside the viewer
 
-            # a click on a point opens its record
+            # a control (a checkbox, no Ctrl-click) changes every figure in place
+            page.locator(".jp-Notebook .widget-checkbox", has_text="chat").locator("input").first.uncheck()
+            page.wait_for_function(f"""() => [0, 2].every(i => {{
+                const plot = {PLOTS}[i];
+                const names = plot && plot.data ? plot.data.map(t => t.name) : [];
+                return names.includes('ids') && !names.some(n => n && n.startsWith('chat'));
+            }})""")  # redrawn in place: the same plots, now without the other dataset
+            notebook = page.locator(".jp-Notebook")
+            assert "of 60 records selected" in notebook.inner_text()
+            assert "Filters: dataset: ids." in notebook.inner_text()  # in plain words
+            shown = _figures(page)
+
+            # a dataset whose points are all truncated keeps its legend entry
+            page.locator(".jp-Notebook .widget-checkbox", has_text="stop").locator("input").first.uncheck()
+            page.wait_for_function(f"""() => {PLOTS}[0].data.some(t => t.name === 'ids'
+                && t.showlegend !== false && t.x.length === 1 && t.x[0] === null)""")  # no circle left
+            legend = page.evaluate(f"() => [...{PLOTS}[0].querySelectorAll('.legend .traces text')]"
+                                   ".map(t => t.textContent)")
+            assert "ids" in legend and "truncated (finish length)" in legend, legend
+            page.locator(".jp-Notebook .widget-checkbox", has_text="stop").locator("input").first.check()
+            _wait_for_figures(page, shown)
+
+            # an empty selection keeps every figure's size, says so, and is undone when cleared
+            _type_sample_id(page, "no-such-id")
+            page.wait_for_function(f"() => [...{PLOTS}].every(p => p.data && p.data.length === 0)")
+            page.wait_for_timeout(500)
+            _shoot(page, "2-empty-selection")
+            empty = _figures(page)
+            assert [f["height"] for f in empty] == [f["height"] for f in shown]
+            assert all(f["notes"] == ["no records match the filters"] for f in empty), empty
+            assert "not found" in notebook.locator(".wb-record-missing").inner_text()  # the typed id
+            _type_sample_id(page, "")
+            _wait_for_figures(page, shown)  # heights, traces, points and notes all back
+
+            # a click rings its point and opens the record beside the figures, in view
             _click_a_point(page)
-            card = page.locator(".jp-Notebook .wb-record")
+            card = notebook.locator(".wb-record")
             card.wait_for()
+            page.wait_for_function(f"""() => {{
+                const ring = {PLOTS}[0].data.at(-1);
+                return ring.meta === 'opened record' && ring.x[0] !== null;
+            }}""")
+            _shoot(page, "3-clicked-point")
+            assert _in_view(page, card.locator("h4"))
             title = card.locator("h4").inner_text()
             dataset, line = title.split(" · ")[0], int(title.split(" · ")[1].removeprefix("line "))
             assert dataset == "ids"
@@ -146,6 +250,19 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
             assert card.locator(".wb-record-answer").inner_text() == expected.answer
             assert card.locator(".wb-record-prompt").inner_text() == expected.prompt
             assert "<|im_end|>" in expected.answer  # special tokens are shown
+            if expected.matched_stop is not None:
+                assert "matched stop <|im_end|>" in card.locator(".wb-facts").inner_text()  # the stop by name
+
+            # a filter that drops the shown record says so; Reset clears every filter
+            page.locator(".jp-Notebook .widget-checkbox", has_text="ids").locator("input").first.uncheck()
+            page.locator(".jp-Notebook .widget-checkbox", has_text="chat").locator("input").first.check()
+            card.locator(".wb-notice").wait_for()
+            assert "filtered out by the current filters" in card.locator(".wb-notice").inner_text()
+            _shoot(page, "4-record-filtered-out")
+            reset.click()
+            _wait_for_points(page, ["chat", "ids"])
+            page.wait_for_function("() => !document.querySelector('.jp-Notebook .wb-record .wb-notice')")
+            assert "Filters: none" in notebook.inner_text()
 
             page.keyboard.press("Control+s")
             page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -241,7 +243,7 @@ def test_figures_of_tables(frame: pd.DataFrame, run: Path) -> None:
     report = validate_run(run, workers=1)
     assert plots.findings_figure(explore.findings_table(report)).data
     over = plots.findings_over_time_figure(explore.findings_over_time(run, buckets=3))
-    assert {t.name for t in over.data} >= {"records written", "reasoning_unclosed"}
+    assert {t.name for t in over.data} >= {"a: records written", "b: records written", "reasoning_unclosed"}
 
 
 def test_empty_inputs_give_a_figure_with_a_message() -> None:
@@ -266,3 +268,136 @@ def test_offline_renderer_inlines_plotly_once(monkeypatch: pytest.MonkeyPatch) -
     second = pio.renderers._build_mime_bundle(fig.to_dict(), "workbench")
     assert len(first["text/html"]) > 1_000_000 > len(second["text/html"])
     assert "application/vnd.plotly.v1+json" in second and "mathjax" not in second["text/html"].lower()
+
+
+# --- figures that say what is so ------------------------------------------------------------
+
+
+def _budget_stopped(run: Path, extra_prompt: Any = None) -> Path:
+    """Dataset "a" of the run stopped by its budget short of a larger target (run.json's
+    budget_reached, as the runner writes it); `extra_prompt` adds a prompt it never sent."""
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["datasets"]["a"].update(prompts=10, budget_reached=True)
+    (run / "run.json").write_text(json.dumps(manifest))
+    if extra_prompt is not None:
+        with (run / "a" / "prompts.jsonl").open("ab") as f:
+            f.write(encode_line(PromptRecord(sample_id=extra_prompt, input_ids=[1, 2])))
+    return run
+
+
+def test_a_dataset_stopped_by_its_budget_is_not_running(run: Path, frame: pd.DataFrame) -> None:
+    _budget_stopped(run)
+    stats = collect_stats(run, now=T0 + 40)
+    assert stats.datasets["a"].finished  # 4 of 10 records, 21 of 100 tokens: run.json says stopped
+    assert stats.datasets["a"].budget_reached and not stats.datasets["b"].budget_reached
+    table = explore.budget_table(stats, frame).set_index("dataset")
+    assert table.loc["a", "state"] == "budget reached" and table.loc["a", "finished"]
+    assert table.loc["a", "remaining_tokens"] == 0 and table.loc["a", "projected_s"] == 0
+    assert table.loc["b", "state"] == "running" and table.loc["b", "remaining_tokens"] == pytest.approx(4)
+    assert table.loc["total", "state"] == "running"  # b still runs
+    assert table.loc["total", "remaining_tokens"] == pytest.approx(table.loc["b", "remaining_tokens"])
+    budget = plots.budget_view(explore.budget_table(stats, frame)).html
+    row_a = re.search(r"<tr class=\"\"><td>a</td>.*?</tr>", budget)
+    assert row_a and "budget reached" in row_a.group(0) and row_a.group(0).endswith("<td class=num>-</td></tr>")
+    view = plots.stats_view(stats)
+    rows = re.findall(r"<tr class=\"[^\"]*\"><td>(\w+)</td>(.*?)</tr>", view.html)
+    progress = {name: cells for name, cells in rows if "/10<" in cells or "/6<" in cells or "/16<" in cells}
+    assert progress["a"].endswith("<td class=num>budget reached</td>")
+    assert "budget reached" not in progress["b"] and "running" not in progress["b"]  # an ETA
+    assert "prepared tok: " in view.html and "failed: " in view.html and "missing: " in view.html
+    assert plots.budget_figure(explore.budget_table(stats, frame)).data[1].text[0].endswith(
+        "budget reached")
+
+
+def test_an_info_finding_never_outweighs_a_warning(run: Path) -> None:
+    report = validate_run(_budget_stopped(run, extra_prompt=77), workers=1, cache=False)
+    table = explore.findings_table(report)
+    unsent = table[table["rule"] == "unsent_budget"].iloc[0]
+    assert unsent["severity"] == "info" and unsent["unit"] == "prompts" and unsent["base"] == 4
+    assert unsent["count"] == 1 and unsent["rate"] == pytest.approx(1 / 4)
+    info = pd.DataFrame([{"dataset": "a", "rule": "unsent_budget", "severity": "info", "count": 222,
+                          "rate": 0.74, "records": 78, "default_severity": "info", "base": 300, "unit": "prompts"},
+                         {"dataset": "a", "rule": "truncated", "severity": "warning", "count": 4,
+                          "rate": 0.05, "records": 78, "default_severity": "warning", "base": 78, "unit": "records"}])
+    info["dataset"] = pd.Categorical(info["dataset"], categories=["a"])
+    fig = plots.findings_figure(info)
+    drawn = [rule for t in fig.data for rule in t.y]
+    assert drawn == ["truncated"] and max(x for t in fig.data for x in t.x) == pytest.approx(5.0)
+    note = " ".join(a.text for a in fig.layout.annotations)
+    assert "info, not drawn" in note and "unsent_budget: a 74.0% (222 of 300 prompts)" in note
+    view = plots.findings_view(info).html
+    assert "<td class=num>222</td><td class=num>74.00%</td><td class=num>300 prompts</td>" in view
+    only_info = plots.findings_figure(info[info["severity"] == "info"])
+    assert not only_info.data and "no error or warning finding" in only_info.layout.annotations[0].text
+
+
+def test_examples_of_unsent_prompts_name_their_sample_id(run: Path) -> None:
+    report = validate_run(_budget_stopped(run, extra_prompt=77), workers=1, cache=False)
+    examples = explore.examples_table(report, run)
+    unsent = examples[examples["rule"] == "unsent_budget"].iloc[0]
+    assert (unsent["file"], unsent["line"], unsent["sample_id"]) == ("prompts.jsonl", 4, 77)
+    html_rows = plots.examples_view(examples).html
+    assert "<td>prompts.jsonl:4</td><td>77</td>" in html_rows and "(a prompt: no reply)" in html_rows
+
+
+def test_text_boxes_break_lines_between_words() -> None:
+    css = plots.REPORT_CSS
+    code = next(rule for rule in css.splitlines() if rule.startswith(".wb-report .wb-code{"))
+    assert "word-break:normal" in code  # over JupyterLab's `pre {word-break: break-all}`
+    assert ".wb-report .wb-table .wb-code{min-width:" in css  # a table never squeezes it to a column of letters
+
+
+def test_log_axes_are_chosen_by_the_data(frame: pd.DataFrame) -> None:
+    assert not explore.wants_log(np.array([100.0, 120, 150, 300, 900]))  # < 2 decades, no long tail
+    assert explore.wants_log(np.array([3.0, 50, 80, 120, 9000]))  # more than two decades
+    assert explore.wants_log(np.array([40.0, 120, 140, 150, 160, 2048]))  # max 14x the median
+    assert not explore.wants_log(np.array([0.0, 0, 5]))  # one positive value
+    chosen = explore.log_axes(frame)
+    assert chosen == {"prompt_tokens": False, "completion_tokens": False}  # 10..500 in a, 2..6 in b
+    long_tail = frame.assign(prompt_tokens=frame["prompt_tokens"] * 0 + 10)
+    long_tail.loc[long_tail.index[-1], "prompt_tokens"] = 5000
+    assert explore.log_axes(long_tail)["prompt_tokens"] is True
+    assert explore.log_axes(frame, False) == {"prompt_tokens": False, "completion_tokens": False}
+    scatter = plots.scatter_figure(frame, log={"prompt_tokens": True, "completion_tokens": False})
+    assert scatter.layout.xaxis.type == "log" and scatter.layout.yaxis.type != "log"
+    assert scatter.layout.xaxis.title.text == "prompt tokens (log)"
+    curves = pd.DataFrame({"dataset": ["a", "a"], "group": ["whole", "sent"], "value": [10, 5000],
+                           "fraction": [1.0, 1.0]})
+    assert plots.subset_lengths_figure(curves, log=True).layout.xaxis.type == "log"
+
+
+def test_histograms_are_outlines_that_never_blend(frame: pd.DataFrame) -> None:
+    fig = plots.histogram_figure(explore.histogram(frame))
+    assert [t.name for t in fig.data] == ["a", "b"]
+    assert all(t.fill in (None, "none") and t.fillcolor is None for t in fig.data)
+    assert fig.data[0].line.color != fig.data[1].line.color
+
+
+def test_findings_over_time_reads_counts_and_rates_on_their_own_axes(run: Path) -> None:
+    over = explore.findings_over_time(run, buckets=3, min_records=2)
+    fig = plots.findings_over_time_figure(over, min_records=2)
+    written = [t for t in fig.data if str(t.name).endswith("records written")]
+    assert {t.yaxis for t in written} == {"y"}  # the top panel: records, never on a % axis
+    rates = [t for t in fig.data if t.name == "truncated" and t.x[0] is not None]
+    assert rates and {t.yaxis for t in rates} <= {"y2", "y3"}
+    assert fig.layout.yaxis.title.text == "records" and fig.layout.yaxis2.title.text == "% failing"
+    key = next(t for t in fig.data if t.legendgroup == "few" and t.showlegend is not False)
+    assert key.marker.symbol == "circle-open" and "fewer than 2 records" in key.name
+    one = over[over["start"] == over["start"].min()]  # a single bucket
+    single = plots.findings_over_time_figure(one, min_records=2)
+    low, high = single.layout.xaxis.range
+    assert pd.Timestamp(high) - pd.Timestamp(low) == pd.Timedelta(seconds=int(one["seconds"].iloc[0]))
+
+
+def test_subset_view_says_when_no_chi_square_test_ran(run: Path) -> None:
+    from workbench.analyze.subset import compare_subsets
+
+    comparison = compare_subsets(run)
+    assert comparison.share_tests.empty and len(comparison.lengths) == 2
+    view = plots.subset_view(comparison).html
+    assert "No chi-square test of shares: no dataset file has a source-like field (source, " in view
+    tested = comparison.share_tests.assign(dataset=["a"], field=["source"], levels=[2], tvd=[0.0],
+                                           chi2=[0.0], chi2_p=[1.0], biased=[False])
+    some = plots.subset_view(type(comparison)(comparison.lengths, comparison.length_curves,
+                                              comparison.shares, tested)).html
+    assert "No chi-square test of shares: the file of b has no source-like field" in some

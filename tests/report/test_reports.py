@@ -214,6 +214,43 @@ def test_report_renders_in_chromium(name: str, reports: dict[str, Any], tmp_path
     assert page.screenshot is not None and page.screenshot.stat().st_size > 50_000
 
 
+TRACES = ("[...document.querySelectorAll('.plotly-graph-div')].flatMap(d => d.data"
+          ".map(t => [t.name, t.marker ? (t.marker.symbol || null) : null]))")
+
+
+def test_token_distribution_names_the_markers_it_draws(reports: dict[str, Any]) -> None:
+    page = open_page(reports["token_distribution"].html_path,
+                     evaluate={"traces": TRACES, "text": "document.body.innerText"})
+    text = " ".join(page.values["text"].split())
+    keys = {name: symbol for name, symbol in page.values["traces"] if symbol}
+    assert "open diamonds are replies without a think-end id" in text
+    assert keys["no think-end id"] == "diamond-open"  # the LATE replies have none
+    assert "crosses are truncated replies" in text and "crosses are replies without" not in text
+    assert keys.get("truncated (finish length)", "x") == "x"
+
+
+def test_a_dataset_stopped_by_its_budget_says_budget_reached(run: dict[str, Any],
+                                                            reports: dict[str, Any]) -> None:
+    """"ids" (max_tokens 6000) stops before its 60 prompts, a little under its budget: the
+    runner sends no request whose reply might not fit (run.json's budget_reached)."""
+    assert json.loads((run["out"] / "run.json").read_text())["datasets"]["ids"]["budget_reached"] is True
+    result = reports["token_distribution"]
+    rows = {row["dataset"]: row for row in cell_data(result.notebook_path, "budget")}
+    assert rows["ids"]["state"] == "budget reached" and rows["ids"]["remaining_tokens"] == 0
+    assert rows["ids"]["records"] < 60
+    assert rows["total"]["state"] == "done" and rows["total"]["remaining_tokens"] == 0  # chat is done too
+    page = open_page(result.html_path, evaluate={"rows": "[...document.querySelectorAll('tr')]"
+                                                         ".map(r => r.innerText.split('\\t'))"})
+    table_rows = page.values["rows"]
+    done = f"{rows['ids']['records']}/60"
+    progress = next(cells for cells in table_rows if cells[0] == "ids" and done in cells)
+    budget = next(cells for cells in table_rows if cells[0] == "ids" and done.replace("/", " / ") in cells)
+    assert progress[-1] == "budget reached"  # the summary's state / ETA column, not an ETA
+    assert budget[-3:] == ["budget reached", "0", "-"]  # state, tokens left, projected time
+    total = [cells for cells in table_rows if cells[0] == "total"]
+    assert total[1][-1] == "done" and total[2][-3:] == ["done", "0", "-"]  # as its rows say
+
+
 # --- failures and parameters -----------------------------------------------------------------
 
 
@@ -281,7 +318,7 @@ def test_unknown_or_mistyped_parameters_name_key_and_file(tmp_path: Path) -> Non
         load_parameters(notebook, _params(tmp_path, "p", {"bins": "many"}))
     with pytest.raises(ConfigError, match=r"^-p: colour: unknown parameter"):
         load_parameters(notebook, None, {"colour": "red"})
-    with pytest.raises(ConfigError, match=r"^-p: log_axis: expected `bool`, got `str`"):
+    with pytest.raises(ConfigError, match=r"^-p: log_axis: expected `bool \| null`, got `str`"):
         load_parameters(notebook, None, parse_overrides(["log_axis=maybe"]))
     with pytest.raises(ConfigError, match=r"no report named 'nope' \(known: explore, format_validation"):
         run_report("nope", None, {}, tmp_path)
@@ -300,6 +337,13 @@ def test_parameters_files_overrides_and_paths(tmp_path: Path, monkeypatch: pytes
         "a": True, "b": 3, "c": None, "d": "x/y", "e": "", "f": None, "g": "none"}
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_overrides(["novalue"])
+    for given in ("decontaminate=[a.jsonl, b/c.jsonl]", "decontaminate=a.jsonl,b/c.jsonl"):
+        values = load_parameters(notebook, None, parse_overrides([given]))  # a list parameter
+        assert values == {"decontaminate": [str(tmp_path / "a.jsonl"), str(tmp_path / "b/c.jsonl")]}
+    with pytest.raises(ConfigError, match="excerpt_chars"):
+        load_parameters(notebook, None, parse_overrides(["excerpt_chars=1,2"]))
+    with pytest.raises(ConfigError, match="expected a value or a list of values"):
+        parse_overrides(["decontaminate={a: 1}"])
 
 
 @pytest.mark.parametrize("name", REPORTS)

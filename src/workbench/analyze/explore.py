@@ -8,11 +8,14 @@ report reads the run once, the result of :func:`workbench.analyze.scan.scan_run`
     run_overview          the report header: run.json facts, datasets, model profile
     record_frame          one row per record: token counts, finish reason, time, and the
                           split of output_ids at the profile's think-end id
+    log_axes, wants_log   per token column, whether its axis should be logarithmic (the
+                          values span more than two decades, or a long tail)
     histogram, cdf        completion-token distributions (linear or log-spaced bins)
     sample_records        a seeded sample of each dataset's rows (scatter plots)
     reasoning_summary     reasoning and answer tokens per dataset
     finish_mix            finish reasons per dataset, with max_new_tokens
-    budget_table          target and budget used, remaining tokens, projected time
+    budget_table          target and budget used, state (running, done, budget reached),
+                          remaining tokens, projected time
     findings_table        validation findings per dataset and rule
     examples_table        the findings' example records, with a text or id excerpt
     findings_over_time    per-record rule failures by record timestamp
@@ -44,10 +47,12 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from workbench.analyze.eta import stopped_by_budget
 from workbench.analyze.findings import ValidationReport
 from workbench.analyze.rules import (
     SEVERITY,
     RecordChecker,
+    counted_over,
     failed_rules,
     reasoning_expected,
     rule_bit,
@@ -57,14 +62,17 @@ from workbench.analyze.stats import RunStats
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.rundir.columns import Columns, FileScan
-from workbench.rundir.layout import RAW_FILE, DatasetDir
+from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
 from workbench.rundir.records import Row, iter_blocks
 from workbench.rundir.run import RunInfo, load_run
 from workbench.tokenizer import load_tokenizer
 
 __all__ = [
+    "BUDGET_REACHED",
+    "DONE",
     "MIN_BUCKET_RECORDS",
     "RECORD_COLUMNS",
+    "RUNNING",
     "RecordDetail",
     "RunOverview",
     "Sample",
@@ -76,6 +84,8 @@ __all__ = [
     "findings_table",
     "finish_mix",
     "histogram",
+    "log_axes",
+    "progress_state",
     "reasoning_summary",
     "record_detail",
     "record_findings",
@@ -84,6 +94,7 @@ __all__ = [
     "sample_records",
     "samples",
     "search_replies",
+    "wants_log",
 ]
 
 RECORD_COLUMNS: tuple[str, ...] = (
@@ -251,6 +262,31 @@ def _known(values: pd.Series) -> np.ndarray:
 
 # --- distributions ---------------------------------------------------------------------------
 
+LOG_DECADES = 2.0  # a token axis spanning more decades than this is drawn logarithmic
+LOG_TAIL = 10.0  # ... and one whose largest value is this many times its median
+TOKEN_AXES = ("prompt_tokens", "completion_tokens")
+
+
+def wants_log(values: np.ndarray, *, decades: float = LOG_DECADES, tail: float = LOG_TAIL) -> bool:
+    """Whether a log axis shows these values better than a linear one: their positive values
+    span more than `decades` powers of ten, or the largest is more than `tail` times the
+    median (on a linear axis the median record would sit in the left tenth, the bulk of
+    the records squeezed into one corner by a few long ones)."""
+    positive = values[values > 0]
+    if positive.size < 2:
+        return False
+    top, low, middle = float(positive.max()), float(positive.min()), float(np.median(positive))
+    return math.log10(top / low) > decades or top > tail * middle
+
+
+def log_axes(frame: pd.DataFrame, log: bool | None = None, *,
+             columns: Sequence[str] = TOKEN_AXES) -> dict[str, bool]:
+    """Per column, whether its axis is logarithmic: `log` when given (a report's
+    ``log_axis`` parameter), else chosen by the data (:func:`wants_log`)."""
+    if log is not None:
+        return {column: bool(log) for column in columns}
+    return {column: wants_log(_known(frame[column])) for column in columns}
+
 
 def _edges(values: np.ndarray, log: bool, bins: int) -> np.ndarray:
     if values.size == 0:
@@ -367,9 +403,24 @@ def _run_rate(group: pd.DataFrame) -> float | None:
     return tokens / span if span > 0 else None
 
 
-def _remaining_tokens(ds: Any, max_tokens: int | None) -> float | None:
-    """Tokens left: records left times the mean reply, or the budget left, whichever is less."""
-    if ds.finished:
+RUNNING, DONE, BUDGET_REACHED = "running", "done", "budget reached"
+
+
+def progress_state(ds: Any) -> str:
+    """How a dataset (a DatasetStats) stands: "budget reached" when its max_tokens budget
+    stopped it short of its target (run.json's ``budget_reached``: the runner stops a dataset
+    once the next reply would not fit, below the budget itself; or its completion tokens
+    reached the budget: :func:`workbench.analyze.eta.stopped_by_budget`), "done" when it is
+    otherwise finished, else "running" (a run stopped by hand too: a resume carries it on)."""
+    if not ds.finished:
+        return RUNNING
+    return BUDGET_REACHED if stopped_by_budget(ds) else DONE
+
+
+def _remaining_tokens(ds: Any, max_tokens: int | None, state: str) -> float | None:
+    """Tokens left: none once the dataset is done or stopped by its budget; else records
+    left times the mean reply, or the budget left, whichever is less."""
+    if state != RUNNING:
         return 0.0
     known = []
     if ds.remaining_records is not None and ds.avg_completion_tokens is not None:
@@ -386,7 +437,7 @@ def _projected(remaining: float | None, rate: float | None) -> float | None:
 
 
 def _budget_row(ds: Any, group: pd.DataFrame, max_tokens: int | None,
-                remaining: float | None) -> dict[str, Any]:
+                remaining: float | None, state: str) -> dict[str, Any]:
     run_rate = _run_rate(group) if not group.empty else None
     rate = ds.tokens_per_s or run_rate
     return {
@@ -396,25 +447,30 @@ def _budget_row(ds: Any, group: pd.DataFrame, max_tokens: int | None,
         "budget_used": ds.completion_tokens / max_tokens if max_tokens else None,
         "tokens_per_s_recent": ds.tokens_per_s, "tokens_per_s_run": run_rate,
         "remaining_tokens": remaining, "projected_s": _projected(remaining, rate),
-        "finished": ds.finished,
+        "state": state, "finished": state != RUNNING,
     }
 
 
 def budget_table(stats: RunStats, frame: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, then "total": records against the target, completion tokens against
-    ``max_tokens``, the throughput (over the recent window of `stats`, and over the whole
-    run from record times), the tokens left and the time they take at the recent
-    throughput (the run's when there is none). The total's tokens left are the datasets'
-    sum (unknown when one is); its budget is the sum when every dataset has one."""
+    ``max_tokens``, the state (:func:`progress_state`), the throughput (over the recent window of
+    `stats`, and over the whole run from record times), the tokens left and the time they
+    take at the recent throughput (the run's when there is none): none left once a dataset
+    is done or stopped by its budget. The total's tokens left are the datasets' sum (unknown
+    when one is), its state "running" while one dataset is; its budget is the sum when
+    every dataset has one."""
     groups = dict(_groups(frame))
-    rows, left = [], []
+    rows, left, states = [], [], []
     for name, ds in stats.datasets.items():
-        left.append(_remaining_tokens(ds, ds.max_tokens))
-        rows.append(_budget_row(ds, groups.get(name, frame.iloc[0:0]), ds.max_tokens, left[-1]))
+        states.append(progress_state(ds))
+        left.append(_remaining_tokens(ds, ds.max_tokens, states[-1]))
+        rows.append(_budget_row(ds, groups.get(name, frame.iloc[0:0]), ds.max_tokens, left[-1],
+                                states[-1]))
     budgets = [ds.max_tokens for ds in stats.datasets.values()]
     budget = sum(b for b in budgets if b) if budgets and all(budgets) else None
     remaining = None if any(x is None for x in left) else float(sum(x for x in left if x))
-    rows.append(_budget_row(stats.total, frame, budget, remaining))
+    total = RUNNING if RUNNING in states or not states else DONE
+    rows.append(_budget_row(stats.total, frame, budget, remaining, total))
     return pd.DataFrame(rows)
 
 
@@ -423,17 +479,23 @@ def budget_table(stats: RunStats, frame: pd.DataFrame) -> pd.DataFrame:
 
 def findings_table(report: ValidationReport) -> pd.DataFrame:
     """One row per dataset and rule that fired (a dataset without findings gets one row with
-    rule None and severity "ok"): dataset, rule, severity, count, rate, records."""
+    rule None and severity "ok"): dataset, rule, severity, count, rate, records, and what
+    the count is out of: ``base`` of ``unit`` (rules.counted_over: the prepared prompts for
+    a prompt rule, such as the prompts a budget left unsent, else the records)."""
     rows = []
     for name, ds in report.datasets.items():
         for finding in ds.findings:
+            unit = counted_over(finding.rule)
             rows.append({"dataset": name, "rule": finding.rule, "severity": finding.severity,
                          "count": finding.count, "rate": finding.rate, "records": ds.records,
-                         "default_severity": SEVERITY.get(finding.rule)})
+                         "default_severity": SEVERITY.get(finding.rule),
+                         "base": ds.prompts if unit == "prompts" else ds.records, "unit": unit})
         if not ds.findings:
             rows.append({"dataset": name, "rule": None, "severity": "ok", "count": 0,
-                         "rate": None, "records": ds.records, "default_severity": None})
-    columns = ["dataset", "rule", "severity", "count", "rate", "records", "default_severity"]
+                         "rate": None, "records": ds.records, "default_severity": None,
+                         "base": ds.records, "unit": "records"})
+    columns = ["dataset", "rule", "severity", "count", "rate", "records", "default_severity",
+               "base", "unit"]
     return _labelled(pd.DataFrame(rows, columns=columns), list(report.datasets))
 
 
@@ -506,7 +568,8 @@ def examples_table(
 ) -> pd.DataFrame:
     """Every example of every finding: dataset, rule, severity, file, line, detail, and for
     a record its sample_id, finish_reason, completion_tokens and an excerpt of its end
-    (decoded with `tokenizer`, else its last ids with the profile's special ids named).
+    (decoded with `tokenizer`, else its last ids with the profile's special ids named); for
+    a line of prompts.jsonl (a prompt without a record, a duplicate prompt) its sample_id.
     Given a :func:`~workbench.analyze.scan.scan_run` result, only the examples' blocks are read."""
     scan = report if isinstance(report, RunScan) else None
     report = report.report if isinstance(report, RunScan) else report
@@ -518,13 +581,40 @@ def examples_table(
         findings = report.datasets[ds.name].findings
         wanted = {e.line for f in findings for e in f.examples if e.file == RAW_FILE}
         records = _rows_at(ds.raw_path, wanted, scan.files.get(ds.name) if scan else None)
+        prompt_ids = _prompt_ids_at(ds.prompts_path, {e.line for f in findings for e in f.examples
+                                                      if e.file == PROMPTS_FILE})
         for finding in findings:
             for example in finding.examples:
                 row = records.get(example.line) if example.file == RAW_FILE else None
                 rows.append(_example_row(ds.name, finding, example, row, decoder, names, chars))
+                if example.file == PROMPTS_FILE:
+                    rows[-1]["sample_id"] = prompt_ids.get(example.line)
     return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "file", "line", "detail",
                                        "sample_id", "finish_reason", "completion_tokens",
                                        "excerpt"])
+
+
+class _PromptId(msgspec.Struct):
+    sample_id: Any = None
+
+
+def _prompt_ids_at(path: Path, lines: set[int]) -> dict[int, Any]:
+    """The sample_id at each of the given (1-based) lines of prompts.jsonl, read up to the
+    last of them; a line that is not a prompt object is left out."""
+    found: dict[int, Any] = {}
+    if not lines or not path.is_file():
+        return found
+    decoder, last = msgspec.json.Decoder(_PromptId), max(lines)
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if number in lines:
+                try:
+                    found[number] = decoder.decode(line).sample_id
+                except msgspec.DecodeError:
+                    pass
+            if number >= last:
+                break
+    return found
 
 
 def _required(run_dir: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
@@ -802,6 +892,7 @@ class RecordDetail:
     answer: str
     decoded: bool
     findings: tuple[tuple[str, str], ...]
+    matched_stop_name: str | None = None  # the stop token's text (<|im_end|>), else the profile's name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -838,6 +929,14 @@ def _show(ids: Sequence[int], decoder: Any, names: Mapping[int, str]) -> str:
     return decoder.decode(list(ids), skip_special_tokens=False) if decoder else _render_ids(ids, names)
 
 
+def _stop_name(matched: int | str | None, decoder: Any, names: Mapping[int, str]) -> str | None:
+    """A matched stop id as text: the tokenizer's token (``<|im_end|>``), else the profile's
+    name for it (``<end>``); a stop string is itself; None when there is no name."""
+    if matched is None or isinstance(matched, str):
+        return matched
+    return _show([matched], decoder, names) if decoder is not None or matched in names else None
+
+
 def record_detail(
     run_dir: RunSource,
     dataset: str,
@@ -862,7 +961,7 @@ def record_detail(
         row.completion_tokens, row.cached_tokens,
         _prompt_of(ds.prompts_path, row.sample_id, decoder, names),
         None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
-        decoder is not None, tuple(problems))
+        decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names))
 
 
 def search_replies(

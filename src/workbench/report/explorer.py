@@ -7,10 +7,14 @@ figures and a record viewer that update in place.
     app.scatter()      records (a sample of the selection); click a point to open it
     app.histogram()    completion tokens of the selection (and of the compared run)
     app.record_viewer() the record viewer: prompt, reasoning, answer, counts, findings
+    app.board(*figures) the figures beside the record viewer
 
 In JupyterLab (``interactive=True``) these return ipywidgets (plotly ``FigureWidget``) bound
 to one selection: a control change refilters the loaded records and redraws every view; no
 file is read again, except the few replies a text search decodes and the record opened.
+The record opened is ringed in every figure that shows it, and the viewer always says how it
+stands: shown, filtered out by the current filters, or (a typed sample id) not found. An
+empty selection leaves every figure at its size, saying "no records match the filters".
 Under papermill (``interactive=False``, what ``workbench report`` runs) the same calls return
 static figures and report blocks of the selection the parameters give.
 
@@ -40,11 +44,22 @@ FILTER_KEYS = ("dataset", "finish_reason", "truncated", "min_completion_tokens",
                "max_completion_tokens", "min_prompt_tokens", "max_prompt_tokens", "unclosed",
                "rule", "sample_id", "search")
 _HINT = "Click a point in a figure, or enter a sample id above, to open a record here."
+_FILTERED_OUT = "This record is filtered out by the current filters; the figures do not show it."
 
 
 def _unset(value: object) -> bool:
     """A filter value that filters nothing (0 is a value: a sample id, a bound)."""
     return value is None or value is False or value == "" or (isinstance(value, list | tuple) and not value)
+
+
+def _sized(fig: go.Figure) -> go.Figure:
+    """A figure at the usual height even when empty (then saying that no record matches)."""
+    if fig.data:
+        return fig
+    fig.update_layout(height=plots.HEIGHT)
+    for note in fig.layout.annotations:
+        note.text = plots.NO_MATCH
+    return fig
 
 
 class Explorer:
@@ -84,7 +99,10 @@ class Explorer:
         self._texts: dict[tuple[str, int], str] = {}
         self._views: list[Callable[[], None]] = []  # redraws, called after every update
         self._viewer: Any = None
-        self.searched = 0
+        self._openers: list[Callable[[], None]] = []  # ring the opened record, after every open
+        self.opened: explore.RecordDetail | None = None
+        self.missing: str | None = None  # why no record is shown (a sample id not found)
+        self.searched = self.searchable = 0
         self.selected = self._select()
 
     # --- the selection -----------------------------------------------------------------------
@@ -93,6 +111,7 @@ class Explorer:
         given = {k: v for k, v in self.filters.items() if k != "search"}
         selected = explore.filter_records(self.records, findings=self.findings, **given)
         text = self.filters.get("search")
+        self.searchable = len(selected)
         if not text:
             self.searched = 0
             return selected
@@ -114,7 +133,8 @@ class Explorer:
         return explore.filter_records(self.compare, **given)
 
     def update(self, **changes: Any) -> pd.DataFrame:
-        """Set filters (None, False, "" or an empty list clears one), reselect, redraw every view."""
+        """Set filters (None, False, "" or an empty list clears one), reselect, redraw every
+        view, and bring the record viewer up to date (a new sample id opens its record)."""
         for key, value in changes.items():
             if key not in FILTER_KEYS:
                 raise ConfigError(key, f"unknown filter (known: {', '.join(FILTER_KEYS)})")
@@ -125,18 +145,36 @@ class Explorer:
         self.selected = self._select()
         for refresh in self._views:
             refresh()
+        if "sample_id" in changes:
+            self.missing = None  # a new id is looked up; a cleared one is not said missing
+        if "sample_id" in changes and "sample_id" in self.filters:
+            self._open_sample(self.filters["sample_id"])  # a typed id opens its record
+        else:
+            self._show()  # the viewer says whether the filters still select its record
         return self.selected
 
     def on_update(self, redraw: Callable[[], None]) -> None:
         """Call redraw after every update (the widgets' figures register here)."""
         self._views.append(redraw)
 
-    def summary(self) -> plots.Rendered:
-        """How many records the selection holds, per dataset (the data: counts and filters)."""
-        shown = dict(self.filters)
-        if shown.get("search") and self.searched < len(self.records):
-            shown["search"] = f"{shown['search']} (in the first {self.searched:,} selected records)"
-        return plots.selection_view(self.selected, self.records, shown)
+    def on_open(self, ring: Callable[[], None]) -> None:
+        """Call ring after every record opened and every update (the figures' highlight)."""
+        self._openers.append(ring)
+
+    def summary(self, *, compact: bool = False) -> plots.Rendered:
+        """How many records the selection holds, per dataset, and the filters in plain words
+        (the data: counts and filters); `compact` for the explorer's status line."""
+        searched = (self.searched, self.searchable) if self.filters.get("search") else None
+        return plots.selection_view(self.selected, self.records, self.filters, searched=searched,
+                                    compact=compact)
+
+    def record_state(self, dataset: str, line: int) -> str:
+        """Where a record stands: "selected", "filtered out" (in the run, not in the
+        selection) or "not found" (not in the run's records)."""
+        for frame, state in ((self.selected, "selected"), (self.records, "filtered out")):
+            if ((frame["dataset"].astype(str) == dataset) & (frame["line"] == line)).any():
+                return state
+        return "not found"
 
     # --- views -------------------------------------------------------------------------------
 
@@ -157,10 +195,9 @@ class Explorer:
             sample = explore.sample_records(self.selected, self.sample_size, seed=self.seed)
             other = self.compared()
             theirs = None if other is None else explore.sample_records(other, self.sample_size, seed=self.seed)
-            if not self.interactive and theirs is None:
-                return plots.explore_scatter(sample, x=x, y=y, log=self.log, title=said)
-            return plots.scatter_figure(sample, x=x, y=y, log=self.log, title=said, compare=theirs,
-                                        compare_label=self.compare_label)
+            return plots.explore_scatter(sample, x=x, y=y, log=self.log, title=said, compare=theirs,
+                                         compare_label=self.compare_label,
+                                         menu=not self.interactive and theirs is None)
 
         return self._figure(build)
 
@@ -172,8 +209,8 @@ class Explorer:
             mine = explore.histogram(self.selected, log=self.log, bins=bins, also=other)
             theirs = None if other is None else explore.histogram(other, log=self.log, bins=bins,
                                                                    also=self.selected)
-            return plots.histogram_figure(mine, log=self.log, title=title, compare=theirs,
-                                          compare_label=self.compare_label)
+            return _sized(plots.histogram_figure(mine, log=self.log, title=title, compare=theirs,
+                                                 compare_label=self.compare_label))
 
         return self._figure(build)
 
@@ -189,11 +226,38 @@ class Explorer:
         return explore.record_detail(self.scan, dataset, line, tokenizer=self.tokenizer)
 
     def open(self, dataset: str, line: int) -> explore.RecordDetail:
-        """Show a record in the record viewer (and return it)."""
+        """Show a record in the record viewer, ringed in the figures (and return it)."""
         found = self.detail(dataset, line)
-        if self._viewer is not None:
-            self._viewer.value = plots.record_view(found).html
+        self.opened, self.missing = found, None
+        self._show()
         return found
+
+    def _open_sample(self, sample_id: object) -> None:
+        """Open the record of a typed sample id: the first selected one, else the first in
+        the run (the viewer then says it is filtered out), else say it is not found."""
+        anywhere = explore.filter_records(self.records, sample_id=str(sample_id))
+        if anywhere.empty:
+            self.opened, self.missing = None, f"Sample id {sample_id}: not found in this run's records."
+            self._show()
+            return
+        first = (self.selected if not self.selected.empty else anywhere).iloc[0]
+        self.open(str(first["dataset"]), int(first["line"]))
+
+    def viewer_content(self) -> plots.Rendered:
+        """What the record viewer shows now: the opened record (with a notice when the
+        filters leave it out), why none is shown, or how to open one."""
+        if self.opened is None:
+            if self.missing is None:
+                return plots.Rendered(f'<div class="wb-report"><p class="wb-note">{_HINT}</p></div>')
+            return plots.record_view(None, notice=self.missing)
+        state = self.record_state(self.opened.dataset, self.opened.line)
+        return plots.record_view(self.opened, notice=None if state == "selected" else _FILTERED_OUT)
+
+    def _show(self) -> None:
+        if self._viewer is not None:
+            self._viewer.value = self.viewer_content().html
+        for ring in self._openers:
+            ring()
 
     def record_viewer(self) -> Any:
         """The record viewer (static: `samples_shown` records of the selection in full)."""
@@ -203,5 +267,21 @@ class Explorer:
                 tokenizer=self.tokenizer, chars=self.text_chars))
         from workbench.report import widgets
 
-        self._viewer = widgets.viewer(_HINT)
+        if self._viewer is None:
+            self._viewer = widgets.viewer(self.viewer_content().html)
         return self._viewer
+
+    def board(self, *figures: Any) -> Any:
+        """The figures beside the record viewer. In JupyterLab one widget: the figures on the
+        left, the viewer on the right (it stays in view while the figures scroll), so a
+        click opens its record next to the point. Static: the figures, then the record
+        viewer's cards (the cell's value)."""
+        if not self.interactive:
+            from IPython.display import display
+
+            for fig in figures:
+                display(fig)
+            return self.record_viewer()
+        from workbench.report import widgets
+
+        return widgets.board(list(figures), self.record_viewer())

@@ -10,6 +10,20 @@ Colours are stable across a report: a dataset's colour is its position in the ``
 categories of the frame (every shaped frame lists all of the run's datasets there);
 finish reasons and severities have fixed colours.
 
+What a report shows is so, and says what it rests on:
+
+- a state is said as it is: a dataset its ``max_tokens`` budget stopped says "budget reached"
+  (explore.progress_state), never an ETA, and a total agrees with its rows;
+- a claim shows its threshold: a finding's count says what it is out of (records, or
+  prompts), a rule's limit is drawn where its rate is;
+- a marker the text names is the one drawn, and the legend says what each means:
+  TRUNCATED_SYMBOL crosses, UNCLOSED_SYMBOL open diamonds, FEW_SYMBOL grey open circles;
+- units fit the range: token axes are logarithmic where the data want it
+  (explore.log_axes), counts and rates never share an axis;
+- an info finding never outweighs a warning: findings_figure draws errors and warnings
+  and lists the info findings;
+- overlapping distributions are outlines, never translucent fills that blend.
+
 :func:`setup_notebook` makes figures render, in a report run, with plotly.js inlined once
 in the notebook (so an exported HTML file opens offline; see :class:`OfflineRenderer`) and
 with the plotly mimetype as well; in JupyterLab with the mimetype only (Lab draws it), so
@@ -33,8 +47,17 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
+from workbench.analyze.explore import (
+    BUDGET_REACHED,
+    DONE,
+    MIN_BUCKET_RECORDS,
+    RUNNING,
+    progress_state,
+)
 from workbench.analyze.stats import RunStats
+from workbench.analyze.subset import MAX_LEVELS, SOURCE_FIELDS
 from workbench.report.jupyter import DATA_MIME, REPORT_ENV, fast_jupyter_imports
+from workbench.rundir.layout import PROMPTS_FILE
 from workbench.text import format_count, format_duration
 
 __all__ = [
@@ -241,7 +264,9 @@ REPORT_CSS = """
 .wb-report .wb-banner{border-radius:8px;padding:16px 20px;margin:8px 0 16px;color:#fff}
 .wb-banner .wb-big{font-size:22px;font-weight:700}.wb-banner .wb-sub{font-size:14px;margin-top:4px;opacity:.95}
 .wb-banner.pass{background:#2E7D32}.wb-banner.fail{background:#C62828}
-.wb-report .wb-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere;margin:0;max-height:14em;overflow:auto;background:#f7f9fb;padding:4px 6px;border-radius:4px}
+.wb-report .wb-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:0;max-height:14em;overflow:auto;background:#f7f9fb;padding:4px 6px;border-radius:4px}
+.wb-report .wb-table .wb-code{min-width:36ch;max-width:80ch}
+.wb-report .wb-flag{white-space:nowrap;font-family:ui-monospace,Menlo,Consolas,monospace}
 .wb-report .wb-card{border:1px solid #d9e2ec;border-radius:8px;padding:10px 14px;margin:10px 0}
 .wb-report .wb-card h4{margin:0 0 6px;font-size:14px;font-weight:650}.wb-report .wb-part{font-size:12px;color:#616e7c;margin:6px 0 2px;font-weight:600}
 .wb-report .wb-note{color:#616e7c;font-size:13px;margin:2px 0 10px}
@@ -272,46 +297,76 @@ def _count_cells(d: Any) -> list[object]:
     return [d.name, d.layout, *(_count(c) for c in counts)]
 
 
-def _progress_cells(d: Any) -> list[object]:
+def _progress_cells(d: Any, state: str) -> list[object]:
     spread = (d.avg_completion_tokens, *d.percentiles, d.max_completion_tokens)
-    eta = "done" if d.finished else format_duration(d.eta_s)
+    eta = format_duration(d.eta_s) if state == RUNNING else state
     target = f"{d.records:,}/{_count(d.target_records)}"
     return [d.name, *(_count(v) for v in spread), _pct(d.truncation_rate), _rate(d.tokens_per_s),
             _rate(d.requests_per_s), target, eta]
 
 
+COUNTS_NOTE = (
+    "errors: failed request attempts (lines of errors.jsonl; a retried request can fail more "
+    "than once); failed: prompts with a failed attempt and no record (given up, or still being "
+    "retried); missing: "
+    "records without a completion_tokens count (left out of the token figures, never counted "
+    "as 0); prepared tok: the prompt ids of prompts.jsonl, every prompt prepared to be sent, "
+    "sent or not ('-' when the prompts are text the server tokenizes).")
+
+
+def _states(stats: RunStats) -> list[str]:
+    """Each dataset's progress state (explore.progress_state), then the run's: running
+    while a dataset is, else done."""
+    states = [progress_state(d) for d in stats.datasets.values()]
+    return [*states, RUNNING if RUNNING in states or not states else DONE]
+
+
 def stats_view(stats: RunStats) -> Rendered:
-    """`workbench stats` as two tables; its JSON (``workbench stats --json``) is the data."""
+    """`workbench stats` as two tables; its JSON (``workbench stats --json``) is the data.
+    A dataset stopped by its token budget says "budget reached" where a running one has its
+    ETA."""
     every = [*stats.datasets.values(), stats.total]
     classes = [""] * len(stats.datasets) + ["total"]
     counts = _table(
         ["dataset", "layout", "records", "errors", "failed", "prompt tok", "completion tok",
          "cached tok", "missing", "prepared tok"],
         [_count_cells(d) for d in every], numeric=range(2, 10), row_classes=classes,
-        caption="Counts (tokens are completion tokens unless named; missing = records without a count)")
+        caption="Counts (tokens are completion tokens unless named)")
+    states = _states(stats)
     progress = _table(
-        ["dataset", "avg", "p50", "p90", "p99", "max", "length", "tok/s", "req/s", "done/target", "ETA"],
-        [_progress_cells(d) for d in every], numeric=range(1, 11), row_classes=classes,
+        ["dataset", "avg", "p50", "p90", "p99", "max", "length", "tok/s", "req/s", "done/target",
+         "state / ETA"],
+        [_progress_cells(d, s) for d, s in zip(every, states, strict=True)], numeric=range(1, 11),
+        row_classes=classes,
         caption="Completion tokens per record, truncation (finish_reason length), rates and progress")
-    note = (f'<p class="wb-note">Rates over the last {_e(format_duration(stats.window))} of record '
-            f"timestamps, as of {_e(_when(stats.now))}.</p>")
+    note = (f'<p class="wb-note">{_e(COUNTS_NOTE)} Rates over the last '
+            f"{_e(format_duration(stats.window))} of record timestamps, as of "
+            f"{_e(_when(stats.now))}; a dataset stopped by its max_tokens budget says "
+            "\"budget reached\" (its remaining prompts are not sent).</p>")
     return Rendered(f'<div class="wb-report">{counts}{progress}{note}</div>', stats.to_dict())
 
 
 def budget_view(budget: pd.DataFrame) -> Rendered:
-    """The budget table (explore.budget_table) with remaining tokens and projected time."""
+    """The budget table (explore.budget_table): its state, remaining tokens and projected
+    time (a state, not a time, once a dataset is done or stopped by its budget)."""
     rows, classes = [], []
     for r in budget.itertuples(index=False):
+        left = "-" if r.state == RUNNING and _nan(r.remaining_tokens) else _count(r.remaining_tokens)
+        when = (format_duration(None if _nan(r.projected_s) else float(r.projected_s))
+                if r.state == RUNNING else "-")
         rows.append([r.dataset, f"{r.records:,} / {_count(r.target)}", _pct(r.done),
                      _count(r.completion_tokens), _count(r.max_tokens), _pct(r.budget_used),
-                     _rate(r.tokens_per_s_recent), _rate(r.tokens_per_s_run),
-                     _count(r.remaining_tokens), "done" if r.finished else format_duration(
-                         None if _nan(r.projected_s) else float(r.projected_s))])
+                     _rate(r.tokens_per_s_recent), _rate(r.tokens_per_s_run), r.state, left, when])
         classes.append("total" if r.dataset == "total" else "")
     table = _table(["dataset", "records / target", "done", "completion tok", "max_tokens",
-                    "budget used", "tok/s recent", "tok/s run", "tokens left", "projected time"],
-                   rows, numeric=range(1, 10), row_classes=classes)
-    return Rendered(f'<div class="wb-report">{table}</div>', _records(budget))
+                    "budget used", "tok/s recent", "tok/s run", "state", "tokens left",
+                    "projected time"],
+                   rows, numeric=(1, 2, 3, 4, 5, 6, 7, 9, 10), row_classes=classes)
+    note = ('<p class="wb-note">budget reached: the dataset\'s max_tokens budget stopped it (the '
+            "runner sends no request whose reply might not fit, so it can stop just below the "
+            "budget, or pass it by the replies in flight); its remaining prompts are not sent, "
+            "nothing is left to wait for. The total is running while one dataset is.</p>")
+    return Rendered(f'<div class="wb-report">{table}{note}</div>', _records(budget))
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -349,14 +404,22 @@ def findings_view(table: pd.DataFrame) -> Rendered:
         escalated |= raised
         rows.append([r.dataset, r.rule if r.rule is not None else "no findings",
                      _pill("error (rate)" if raised else sev, SEVERITY_COLORS.get(sev, "#777")),
-                     _count(r.count), _pct(r.rate, 2), _count(r.records)])
+                     _count(r.count), _pct(r.rate, 2), _out_of(r.base, r.unit)])
         classes.append(f"sev-{sev}")
-    table_html = _table(["dataset", "rule", "severity", "count", "rate", "records"], rows,
+    table_html = _table(["dataset", "rule", "severity", "count", "rate", "out of"], rows,
                         numeric=(3, 4, 5), row_classes=classes)
     raised_note = '"error (rate)": a warning rule whose rate passed its threshold. ' if escalated else ""
-    note = (f'<p class="wb-note">{raised_note}Rates are over the dataset\'s records (prompts for '
-            "missing_response).</p>")
+    note = (f'<p class="wb-note">{raised_note}A count and its rate are out of the dataset\'s '
+            "records, or out of its prepared prompts for the rules of prompts (missing_response, "
+            "unsent_budget: prompts without a record; duplicate and near-duplicate prompts). "
+            "unsent_budget is information, not a problem: the prompts a max_tokens budget left "
+            "unsent.</p>")
     return Rendered(f'<div class="wb-report">{table_html}{note}</div>', _records(table))
+
+
+def _out_of(base: object, unit: object) -> str:
+    """`300 prompts`; `-` when the base is unknown."""
+    return "-" if _nan(base) else f"{_count(base)} {unit}"
 
 
 def examples_view(examples: pd.DataFrame) -> Rendered:
@@ -364,7 +427,8 @@ def examples_view(examples: pd.DataFrame) -> Rendered:
     rows, classes = [], []
     for r in examples.itertuples(index=False):
         where = f"{r.file}:{r.line}"
-        code = _Html(f'<pre class="wb-code">{_e(r.excerpt)}</pre>') if r.excerpt else "-"
+        code = (_Html(f'<pre class="wb-code">{_e(r.excerpt)}</pre>') if r.excerpt
+                else "(a prompt: no reply)" if r.file == PROMPTS_FILE else "-")
         rows.append([r.dataset, r.rule, where, "-" if _nan(r.sample_id) else r.sample_id,
                      r.detail, code])
         classes.append(f"sev-{r.severity}")
@@ -375,17 +439,63 @@ def examples_view(examples: pd.DataFrame) -> Rendered:
     return Rendered(f'<div class="wb-report">{body}</div>', _records(examples))
 
 
-def selection_view(selected: pd.DataFrame, frame: pd.DataFrame, filters: Mapping[str, Any]) -> Rendered:
-    """How many records pass the explore filters, per dataset."""
-    active = {k: v for k, v in filters.items() if v not in (None, False)}
-    said = ", ".join(f"{k} = {v}" for k, v in active.items()) or "none"
+_FILTER_NAMES = {"dataset": "dataset", "finish_reason": "finish reason", "rule": "failing rule",
+                 "sample_id": "sample id"}
+
+
+def _listed(value: object) -> str:
+    values = list(value) if isinstance(value, list | tuple | set) else [value]
+    return ", ".join(str(v) for v in values)
+
+
+def _span(low: object, high: object) -> str:
+    if low is not None and high is not None:
+        return f"{_count(low)} to {_count(high)}"
+    return f"at least {_count(low)}" if low is not None else f"at most {_count(high)}"
+
+
+def _filter_words(filters: Mapping[str, Any], searched: tuple[int, int] | None) -> list[str]:
+    """The active filters in plain words: ``dataset: a, b``, ``completion tokens: 10 to 300``,
+    ``reply contains "x" (searched the first 5,000 of 9,000 records)``."""
+    said = [f"{_FILTER_NAMES[key]}: {_listed(filters[key])}" for key in _FILTER_NAMES if key in filters]
+    for column in ("completion_tokens", "prompt_tokens"):
+        low, high = filters.get(f"min_{column}"), filters.get(f"max_{column}")
+        if low is not None or high is not None:
+            said.append(f"{column.replace('_', ' ')}: {_span(low, high)}")
+    if filters.get("truncated"):
+        said.append("truncated replies only (finish length)")
+    if filters.get("unclosed"):
+        said.append("reasoning without a think-end id only")
+    if filters.get("search"):
+        part = ""
+        if searched is not None and searched[0] < searched[1]:
+            part = f" (searched the first {searched[0]:,} of {searched[1]:,} records)"
+        said.append(f'reply contains "{filters["search"]}"{part}')
+    return said
+
+
+def selection_view(selected: pd.DataFrame, frame: pd.DataFrame, filters: Mapping[str, Any], *,
+                   searched: tuple[int, int] | None = None, compact: bool = False) -> Rendered:
+    """How many records pass the explore filters, per dataset, and the filters in plain words
+    (`searched`: how many of how many records a text search read). `compact`: one line per
+    fact (the explorer's status line) instead of a table."""
+    active = {k: v for k, v in filters.items() if v not in (None, False, "")}
+    words = "; ".join(_filter_words(active, searched)) or "none (every record)"
     counts = selected.groupby("dataset", observed=True).size()
     totals = frame.groupby("dataset", observed=True).size()
-    rows = [[name, f"{int(counts.get(name, 0)):,}", f"{int(total):,}"] for name, total in totals.items()]
-    table = _table(["dataset", "selected", "records"], rows, numeric=(1, 2))
+    parts = [(str(name), int(counts.get(name, 0)), int(total)) for name, total in totals.items()]
     data = {"selected": len(selected), "records": len(frame), "filters": active}
-    return Rendered(f'<div class="wb-report"><p class="wb-note">Filters: {_e(said)}. '
-                    f"{len(selected):,} of {len(frame):,} records selected.</p>{table}</div>", data)
+    head = f"<b>{len(selected):,}</b> of {len(frame):,} records selected"
+    empty = (' <span class="wb-empty">No record matches these filters: clear one, or press Reset.</span>'
+             if selected.empty and len(frame) else "")
+    if compact:
+        per = " · ".join(f"{_e(name)} {n:,} of {total:,}" for name, n, total in parts)
+        return Rendered(f'<div class="wb-report wb-selection"><p class="wb-note">{head} ({per}).{empty}</p>'
+                        f'<p class="wb-note">Filters: {_e(words)}.</p></div>', data)
+    table = _table(["dataset", "selected", "records"], [[name, f"{n:,}", f"{total:,}"] for name, n, total in parts],
+                   numeric=(1, 2))
+    return Rendered(f'<div class="wb-report"><p class="wb-note">Filters: {_e(words)}. {head}.{empty}</p>'
+                    f"{table}</div>", data)
 
 
 def samples_view(samples: Sequence[Any]) -> Rendered:
@@ -407,14 +517,30 @@ def _sample_card(s: Any) -> str:
     return f'<div class="wb-card"><h4>{_e(title)}</h4>{blocks}{cut}</div>'
 
 
-def record_view(detail: Any) -> Rendered:
+def _stop_text(detail: Any) -> str:
+    """The matched stop as its token's name and id (``<|im_end|> (163586)``), or as given."""
+    if detail.matched_stop is None:
+        return "-"
+    name = getattr(detail, "matched_stop_name", None)
+    return f"{name} ({detail.matched_stop})" if name and name != str(detail.matched_stop) else str(detail.matched_stop)
+
+
+def record_view(detail: Any | None, *, notice: str | None = None) -> Rendered:
     """One record in full (explore.record_detail): counts, findings, prompt, reasoning and
-    answer, model text escaped; the data is the detail itself."""
+    answer, model text escaped; the data is the detail itself. `notice` says first, in a
+    warning box, what the user must know about it (filtered out, not found); without a
+    detail the notice alone is shown."""
+    said = f'<p class="wb-notice">{_e(notice)}</p>' if notice else ""
+    if detail is None:
+        return Rendered(f'<div class="wb-report"><div class="wb-card wb-record-missing">{said}</div></div>',
+                        {"notice": notice})
     title = f"{detail.dataset} · line {detail.line} · sample {detail.sample_id}"
-    counts = _table(["finish reason", "matched stop", "prompt tok", "completion tok", "cached tok"],
-                    [[detail.finish_reason or "-", "-" if detail.matched_stop is None else detail.matched_stop,
-                      _count(detail.prompt_tokens), _count(detail.completion_tokens),
-                      _count(detail.cached_tokens)]], numeric=(2, 3, 4))
+    facts = [("finish reason", detail.finish_reason or "-"), ("matched stop", _stop_text(detail)),
+             ("prompt tokens", _count(detail.prompt_tokens)), ("completion tokens", _count(detail.completion_tokens)),
+             ("cached tokens", _count(detail.cached_tokens))]
+    counts = ('<p class="wb-facts">' + "".join(  # wraps in a narrow panel, unlike a table's columns
+        f'<span style="display:inline-block;margin:0 16px 4px 0"><span class="wb-key">{_e(key)}</span> '
+        f"<b>{_e(value)}</b></span>" for key, value in facts) + "</p>")
     found = "".join(f"<li><b>{_e(rule)}</b>: {_e(text)}</li>" for rule, text in detail.findings)
     findings = f"<ul>{found}</ul>" if found else '<p class="wb-note">no per-record findings</p>'
     kind = "decoded, special tokens shown" if detail.decoded else "token ids (no tokenizer given)"
@@ -424,8 +550,9 @@ def record_view(detail: Any) -> Rendered:
     blocks = "".join(f'<div class="wb-part">{_e(name)} ({_e(kind)})</div>'
                      f'<pre class="wb-code wb-record-{name.lower()}">{_e(text) or "(empty)"}</pre>'
                      for name, text in parts)
-    return Rendered(f'<div class="wb-report"><div class="wb-card wb-record"><h4>{_e(title)}</h4>'
-                    f"{counts}{findings}{blocks}</div></div>", detail.to_dict())
+    data = {**detail.to_dict(), "notice": notice}
+    return Rendered(f'<div class="wb-report"><div class="wb-card wb-record">{said}<h4>{_e(title)}</h4>'
+                    f"{counts}{findings}{blocks}</div></div>", data)
 
 
 # --- figures ---------------------------------------------------------------------------------
@@ -468,11 +595,22 @@ COMPARED = "compared run"  # the `meta` of a second run's traces (their points a
 UNCLOSED_SYMBOL = "diamond-open"  # reasoning without a think-end id
 
 
-def _log_axis(fig: go.Figure, log: bool, *, y: bool = False, **where: Any) -> None:
-    if log:
+LogChoice = bool | Mapping[str, bool]
+"""Log axes: one answer for every token axis of a figure, or one per column
+(explore.log_axes: chosen by the data when a report's ``log_axis`` is None)."""
+
+
+def _is_log(log: LogChoice, column: str) -> bool:
+    return bool(log.get(column, False)) if isinstance(log, Mapping) else bool(log)
+
+
+def _log_axis(fig: go.Figure, log: LogChoice, *, y: bool = False, x_column: str = "",
+              y_column: str = "", **where: Any) -> None:
+    """LOG_TICKS on x (and on y with `y`) where `log` says so for the axis's column."""
+    if _is_log(log, x_column):
         fig.update_xaxes(**LOG_TICKS, **where)
-        if y:
-            fig.update_yaxes(**LOG_TICKS, **where)
+    if y and _is_log(log, y_column):
+        fig.update_yaxes(**LOG_TICKS, **where)
 
 
 def _split_markers(g: pd.DataFrame, mask: pd.Series, *, name: str, color: str, symbol: str,
@@ -506,8 +644,10 @@ def _compare_color(colors: Mapping[str, str], name: str) -> str:
 def histogram_figure(hist: pd.DataFrame, *, log: bool = False,
                      title: str = "Completion tokens per record",
                      compare: pd.DataFrame | None = None, compare_label: str = "run B") -> go.Figure:
-    """Step outlines of explore.histogram: share of each dataset's records per bin; a second
-    run's histogram (`compare`, on the same bins) as dashed outlines in the same colours."""
+    """Step outlines of explore.histogram, unfilled (translucent fills over each other blend
+    into one colour): share of each dataset's records per bin; a second run's histogram
+    (`compare`, on the same bins) as dashed outlines in the same colours. `log` must be what
+    the bins were made with (log-spaced bins on a log axis)."""
     if hist.empty and (compare is None or compare.empty):
         return _empty(title, "no records")
     colors, fig = _colors(hist), go.Figure()
@@ -528,7 +668,6 @@ def _histogram_trace(g: pd.DataFrame, name: str, color: str, dashed: bool) -> go
     return go.Scatter(
         x=x, y=y, name=name, mode="lines",
         line={"shape": "hv", "color": color, "width": 2, "dash": "dash" if dashed else "solid"},
-        fill=None if dashed else "tozeroy", fillcolor=None if dashed else _alpha(color, 0.12),
         customdata=[*custom, custom[-1]],
         hovertemplate="%{customdata[0]} tokens<br>%{customdata[1]} records (%{y:.1f}%)<extra>"
                       + html.escape(name) + "</extra>")
@@ -594,13 +733,14 @@ def _compare_points(compare: pd.DataFrame, colors: Mapping[str, str], x: str, y:
     return traces
 
 
-def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_tokens",
+def scatter_figure(sample: pd.DataFrame, *, log: LogChoice = False, x: str = "prompt_tokens",
                    y: str = "completion_tokens",
                    title: str = "Prompt tokens against completion tokens (sample)",
                    compare: pd.DataFrame | None = None, compare_label: str = "run B") -> go.Figure:
     """Sampled records, columns x against y; truncated ones (finish length) drawn as crosses.
     Each point carries its record's line as customdata (see _point_data). A second
-    run's sample (`compare`) is drawn as open circles in the same colours."""
+    run's sample (`compare`) is drawn as open circles in the same colours. `log`: both axes,
+    or per column (explore.log_axes)."""
     if sample.empty and (compare is None or compare.empty):
         return _empty(title, "no records")
     colors, fig = _colors(sample), go.Figure()
@@ -612,9 +752,10 @@ def scatter_figure(sample: pd.DataFrame, *, log: bool = False, x: str = "prompt_
         fig.add_traces(_compare_points(compare, colors, x, y, compare_label))
     if (sample["finish_reason"] == "length").any():
         fig.add_trace(_symbol_key(TRUNCATED_SYMBOL, "truncated (finish length)"))
-    fig.update_layout(title={"text": title}, xaxis_title=x.replace("_", " "),
-                      yaxis_title=y.replace("_", " "))
-    _log_axis(fig, log, y=True)
+    fig.update_layout(title={"text": title},
+                      xaxis_title=x.replace("_", " ") + (" (log)" if _is_log(log, x) else ""),
+                      yaxis_title=y.replace("_", " ") + (" (log)" if _is_log(log, y) else ""))
+    _log_axis(fig, log, y=True, x_column=x, y_column=y)
     return fig
 
 
@@ -686,7 +827,8 @@ def finish_mix_figure(mix: pd.DataFrame, title: str = "Finish reasons and trunca
 
 def budget_figure(budget: pd.DataFrame, title: str = "Progress against target and token budget") -> go.Figure:
     """Per dataset: records done of the target, completion tokens of max_tokens (over 100%
-    when replies in flight passed the budget)."""
+    when replies in flight passed the budget), labelled "budget reached" when the budget
+    stopped the dataset (explore.budget_table's state)."""
     rows = budget[budget["dataset"] != "total"]
     if rows.empty:
         return _empty(title, "no datasets")
@@ -695,9 +837,11 @@ def budget_figure(budget: pd.DataFrame, title: str = "Progress against target an
     fig.add_trace(go.Bar(y=names, x=rows["done"] * 100, name="records of target", orientation="h",
                          marker_color=_PART_COLORS["reasoning"], text=[_pct(v, 0) for v in rows["done"]],
                          textposition="outside"))
+    states = rows["state"] if "state" in rows else pd.Series("", index=rows.index)
     fig.add_trace(go.Bar(y=names, x=rows["budget_used"] * 100, name="tokens of max_tokens",
                          orientation="h", marker_color=_PART_COLORS["answer"],
-                         text=["" if _nan(v) else _pct(v, 0) for v in rows["budget_used"]],
+                         text=["" if _nan(v) else _pct(v, 0) + (f" · {s}" if s == BUDGET_REACHED else "")
+                               for v, s in zip(rows["budget_used"], states, strict=True)],
                          textposition="outside"))
     fig.add_vline(x=100, line={"dash": "dot", "color": "#616e7c"})
     fig.update_layout(title={"text": title}, barmode="group", xaxis_title="% used",
@@ -705,21 +849,57 @@ def budget_figure(budget: pd.DataFrame, title: str = "Progress against target an
     return fig
 
 
-def findings_figure(table: pd.DataFrame, title: str = "Findings: share of records per rule") -> go.Figure:
-    """Rate of every finding per rule, one bar per dataset (explore.findings_table)."""
-    found = table[table["rule"].notna() & table["rate"].notna()]
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+DRAWN_SEVERITIES = ("error", "warning")
+
+
+def _info_lines(info: pd.DataFrame) -> list[str]:
+    """One line per info rule: its rate in each dataset (`rule: B1 47.3%, B2 78.8%`)."""
+    lines = []
+    for rule, g in info.groupby("rule", sort=False):
+        rates = ", ".join(f"{r.dataset} {_pct(r.rate)} ({_count(r.count)} of {_out_of(r.base, r.unit)})"
+                          for r in g.itertuples(index=False))
+        lines.append(f"{html.escape(str(rule))}: {html.escape(rates)}")
+    return lines
+
+
+def findings_figure(table: pd.DataFrame,
+                    title: str = "Findings: share of records per rule (errors and warnings)") -> go.Figure:
+    """Rate of every error and warning finding per rule, one bar per dataset, errors first
+    (explore.findings_table). Info findings are listed under the bars, never drawn as bars:
+    a note (the prompts a budget left unsent, near duplicates) must not outweigh a warning."""
+    rated = table[table["rule"].notna() & table["rate"].notna()]
+    found = rated[rated["severity"].isin(DRAWN_SEVERITIES)]
+    info = _info_lines(rated[~rated["severity"].isin(DRAWN_SEVERITIES)])
     if found.empty:
-        return _empty(title, "no findings with a rate")
-    colors, fig = _colors(table), go.Figure()
+        fig = _empty(title, "no error or warning finding")
+    else:
+        fig = _findings_bars(found, _colors(table), title)
+    if info:
+        fig.add_annotation(text="<b>info, not drawn</b> (see the table)<br>" + "<br>".join(info),
+                           showarrow=False, xref="paper", yref="paper", x=0, y=0, xanchor="left",
+                           yanchor="top", yshift=-60 if not found.empty else -10, align="left",
+                           font={"size": 11, "color": SEVERITY_COLORS["info"]})
+        fig.update_layout(height=fig.layout.height + 24 + 16 * len(info),
+                          margin={"b": 80 + 16 * len(info)})
+    return fig
+
+
+def _findings_bars(found: pd.DataFrame, colors: Mapping[str, str], title: str) -> go.Figure:
+    ranked = found.assign(rank=found["severity"].map(_SEVERITY_RANK)).sort_values("rank", kind="stable")
+    rules = list(dict.fromkeys(ranked["rule"]))
+    fig = go.Figure()
     for name, g in _present(found):
         fig.add_trace(go.Bar(
             y=g["rule"], x=g["rate"] * 100, name=name, orientation="h", marker_color=colors[name],
-            customdata=list(zip(g["count"], g["severity"], strict=True)),
-            hovertemplate="%{y}: %{customdata[0]:,} records (%{x:.2f}%), %{customdata[1]}<extra>"
-                          + html.escape(name) + "</extra>"))
-    rules = len(dict.fromkeys(found["rule"]))
-    fig.update_layout(title={"text": title}, barmode="group", xaxis_title="% of records",
-                      yaxis={"autorange": "reversed"}, height=max(260, 140 + 28 * rules * len(_present(found))))
+            customdata=list(zip(g["count"], g["severity"], [_out_of(b, u) for b, u in zip(
+                g["base"], g["unit"], strict=True)], strict=True)),
+            hovertemplate="%{y}: %{customdata[0]:,} of %{customdata[2]} (%{x:.2f}%), "
+                          "%{customdata[1]}<extra>" + html.escape(name) + "</extra>"))
+    fig.update_layout(title={"text": title}, barmode="group",
+                      xaxis_title="% of the dataset's records (of its prompts for prompt rules)",
+                      yaxis={"categoryorder": "array", "categoryarray": rules, "autorange": "reversed"},
+                      height=max(260, 140 + 28 * len(rules) * len(_present(found))))
     return fig
 
 
@@ -731,70 +911,153 @@ def _middle(buckets: pd.DataFrame) -> pd.Series:
 _FEW_COLOR = "#9aa5b1"
 
 
-def _rule_traces(part: pd.DataFrame, rule: str, color: str, name: str, *, first: bool) -> list[go.Scatter]:
+FEW_SYMBOL = "circle-open"  # a rule's rate in a bucket of too few records to say much
+
+
+def _rule_traces(part: pd.DataFrame, rule: str, color: str, name: str) -> list[go.Scatter]:
     """A rule's share failing per bucket: a line over buckets with enough records, grey open
-    markers (no line, no alarm colour) over buckets with fewer; counts in the hover."""
+    circles (no line, no alarm colour; the legend entry FEW_LABEL says what they are) over
+    buckets with fewer; counts in the hover."""
     enough = part["enough"].astype(bool) if "enough" in part else pd.Series(True, index=part.index)
     hover = (rule + ": %{customdata[0]} of %{customdata[1]} records (%{y:.1f}%)%{customdata[2]}"
              "<extra>" + html.escape(name) + "</extra>")
     traces = []
     for full, rows in ((True, part), (False, part[~enough])):
         rate = rows["rate"].where(enough[rows.index]) if full else rows["rate"]
-        note = "" if full else "<br>too few records to say much"
+        note = "" if full else "<br>a bucket of too few records: the rate says little"
         custom = [[c, n, note] for c, n in zip(rows["count"], rows["records"], strict=True)]
         style = ({"mode": "lines+markers", "line": {"color": color, "width": 2}, "marker": {"size": 5},
-                  "name": rule, "showlegend": first} if full else
-                 {"mode": "markers", "marker": {"size": 6, "color": _FEW_COLOR, "symbol": "circle-open"},
-                  "name": f"{rule} (few records)", "showlegend": False})
+                  "name": rule, "legendgroup": rule, "showlegend": False} if full else
+                 {"mode": "markers", "marker": {"size": 6, "color": _FEW_COLOR, "symbol": FEW_SYMBOL},
+                  "name": f"{rule} (few records)", "legendgroup": "few", "showlegend": False})
         if full or not rows.empty:
-            traces.append(go.Scatter(x=_middle(rows), y=rate * 100, legendgroup=rule, connectgaps=False,
+            traces.append(go.Scatter(x=_middle(rows), y=rate * 100, connectgaps=False,
                                      customdata=custom, hovertemplate=hover, **style))
     return traces
 
 
+def _time_legend(rules: Sequence[str], colors: Mapping[str, str], few: int) -> list[go.Scatter]:
+    """Legend-only entries: each rule's line, and what a grey open circle is."""
+    keys = [go.Scatter(x=[None], y=[None], mode="lines+markers", name=rule, legendgroup=rule,
+                       line={"color": colors[rule], "width": 2}, hoverinfo="skip") for rule in rules]
+    keys.append(go.Scatter(x=[None], y=[None], mode="markers", legendgroup="few",
+                           name=f"rate in a bucket of fewer than {few} records (says little)",
+                           marker={"size": 7, "color": _FEW_COLOR, "symbol": FEW_SYMBOL},
+                           hoverinfo="skip"))
+    return keys
+
+
 def findings_over_time_figure(over_time: pd.DataFrame,
-                              title: str = "Findings over time (per-record rules, by record timestamp)") -> go.Figure:
-    """Per dataset panel: records written per time bucket (grey bars, right axis) and the share
-    of them failing each rule (lines, broken where nothing was written; a bucket of too few
-    records, see explore.findings_over_time, is a grey open marker, not part of the line)."""
+                              title: str = "Findings over time (per-record rules, by record timestamp)",
+                              *, min_records: int = MIN_BUCKET_RECORDS) -> go.Figure:
+    """A top panel of the records written per time bucket (a step line per dataset, its own
+    count axis), then per dataset the share of them failing each rule (% axis; lines broken
+    where nothing was written). A bucket of fewer than `min_records` records (the
+    ``enough`` column of explore.findings_over_time) is a grey open circle, explained in the
+    legend, not part of the line. The time axis spans the buckets, so one bucket is a point
+    in a bucket-wide range."""
     if over_time.empty:
         return _empty(title, "no records with a timestamp")
     present = [n for n in _names(over_time) if (over_time["dataset"] == n).any()]
-    fig = make_subplots(rows=len(present), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=present, specs=[[{"secondary_y": True}]] * len(present))
+    fig = make_subplots(rows=len(present) + 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[0.7] + [1.0] * len(present),
+                        subplot_titles=["records written per bucket",
+                                        *(f"{n}: % of its records failing" for n in present)])
     rules = sorted(str(r) for r in over_time["rule"].dropna().unique())
     colors = {rule: _RULE_PALETTE[i % len(_RULE_PALETTE)] for i, rule in enumerate(rules)}
-    for row, name in enumerate(present, start=1):
+    fig.add_traces(_written_traces(over_time, present), rows=1, cols=1)
+    for row, name in enumerate(present, start=2):
         g = over_time[over_time["dataset"] == name]
-        buckets = g.drop_duplicates("start").sort_values("start")
-        fig.add_trace(go.Bar(x=_middle(buckets), y=buckets["records"], name="records written",
-                             marker_color="rgba(154,165,177,0.35)", showlegend=row == 1,
-                             width=float(buckets["seconds"].iloc[0]) * 1000 * 0.9,
-                             legendgroup="records", hovertemplate="%{y:,} records<extra></extra>"),
-                      row=row, col=1, secondary_y=True)
         for rule in rules:
-            part = g[g["rule"] == rule].sort_values("start")
-            fig.add_traces(_rule_traces(part, rule, colors[rule], name, first=row == 1),
-                           rows=row, cols=1)
-        fig.update_yaxes(title_text="% failing", rangemode="tozero", row=row, col=1, secondary_y=False)
-        fig.update_yaxes(title_text="records", rangemode="tozero", showgrid=False, tickmode="auto",
-                         nticks=4, tickformat=",d", row=row, col=1, secondary_y=True)
-    if not rules:
+            fig.add_traces(_rule_traces(g[g["rule"] == rule].sort_values("start"), rule,
+                                        colors[rule], name), rows=row, cols=1)
+        fig.update_yaxes(title_text="% failing", rangemode="tozero", row=row, col=1)
+    if rules:
+        fig.add_traces(_time_legend(rules, colors, min_records), rows=2, cols=1)
+    else:
         fig.add_annotation(text="no per-record rule failed", showarrow=False, xref="paper",
-                           yref="paper", x=0.5, y=0.5, font={"size": 14, "color": "#2E7D32"})
+                           yref="paper", x=0.5, y=0.4, font={"size": 14, "color": "#2E7D32"})
     width = int(over_time["seconds"].iloc[0])
+    fig.update_yaxes(title_text="records", rangemode="tozero", tickformat=",d", row=1, col=1)
+    fig.update_xaxes(range=[over_time["start"].min(), over_time["start"].max()
+                            + pd.Timedelta(seconds=width)])
+    height = 300 + 190 * len(present)
     fig.update_layout(title={"text": f"{title}; buckets of {format_duration(width)}"},
-                      height=max(340, 140 + 230 * len(present)))
-    fig.update_xaxes(title_text="record time (UTC)", row=len(present), col=1)
+                      height=height, **_legend_below(height, 150))
+    fig.update_xaxes(title_text="record time (UTC)", row=len(present) + 1, col=1)
+    return fig
+
+
+def _legend_below(height: int, bottom: int) -> dict[str, Any]:
+    """A horizontal legend under the x axis title (in a bottom margin of `bottom` px)."""
+    plot = height - 70 - bottom  # the template's top margin
+    return {"legend": {"orientation": "h", "yanchor": "top", "y": -75 / plot, "xanchor": "left",
+                       "x": 0.0}, "margin": {"b": bottom}}
+
+
+def _written_traces(over_time: pd.DataFrame, present: Sequence[str]) -> list[go.Scatter]:
+    """Records written per bucket, a step line per dataset in its colour."""
+    colors, traces = _colors(over_time), []
+    for name in present:
+        buckets = over_time[over_time["dataset"] == name].drop_duplicates("start").sort_values("start")
+        ends = buckets["start"] + pd.to_timedelta(buckets["seconds"], unit="s")
+        x = [*buckets["start"], ends.iloc[-1]]
+        y = [*buckets["records"], buckets["records"].iloc[-1]]
+        traces.append(go.Scatter(x=x, y=y, mode="lines", name=f"{name}: records written",
+                                 line={"shape": "hv", "color": colors[name], "width": 1.5},
+                                 hovertemplate="%{y:,} records<extra>" + html.escape(name) + "</extra>"))
+    return traces
+
+
+NO_MATCH = "no records match the filters"
+
+
+def _count_axis(values: Sequence[pd.Series]) -> dict[str, Any]:
+    """A linear count axis from 0 to just past the largest value (0 to 1 when there is none),
+    ticked at whole numbers: never the -1 to 1 plotly picks for a column of zeros."""
+    tops = [float(v.max()) for v in values if len(v) and not _nan(v.max())]
+    top = max(tops, default=0.0)
+    if top < 5:
+        return {"range": [0, max(top, 1.0) * 1.08], "autorange": False, "tickmode": "linear", "tick0": 0, "dtick": 1}
+    return {"range": [0, top * 1.05], "autorange": False, "tickmode": "auto", "rangemode": "nonnegative"}
+
+
+def _keep_legend(fig: go.Figure) -> None:
+    """Give a legend trace with no points one empty point: plotly.js leaves traces without
+    data out of the legend, so a dataset whose points are all truncated lost its entry."""
+    for trace in fig.data:
+        if trace.showlegend is not False and trace.x is not None and len(trace.x) == 0:
+            trace.update(x=[None], y=[None], customdata=None, hovertext=None)
+
+
+def _no_match(fig: go.Figure) -> go.Figure:
+    """An empty figure at the usual height, saying why it is empty."""
+    fig.update_layout(height=HEIGHT)
+    for note in fig.layout.annotations:
+        note.text = NO_MATCH
     return fig
 
 
 def explore_scatter(sample: pd.DataFrame, *, x: str = "prompt_tokens", y: str = "completion_tokens",
-                    log: bool = False, title: str = "Records: pick a dataset in the menu") -> go.Figure:
-    """scatter_figure with a dataset menu (plotly buttons: works offline, without widgets)."""
-    fig = scatter_figure(sample, x=x, y=y, log=log, title=title)
+                    log: bool = False, title: str = "Records: pick a dataset in the menu",
+                    compare: pd.DataFrame | None = None, compare_label: str = "run B",
+                    menu: bool = True) -> go.Figure:
+    """The explorer's scatter_figure: every dataset in the legend (even with only truncated
+    points), count axes from 0, the usual height when empty; with `menu`, a dataset menu
+    (plotly buttons: works offline, without widgets)."""
+    fig = scatter_figure(sample, x=x, y=y, log=log, title=title, compare=compare, compare_label=compare_label)
+    if not menu:  # the legend from the left under the title: it wraps, never runs off
+        fig.update_layout(legend={"x": 0.0, "xanchor": "left"}, title={"y": 0.98, "yanchor": "top"},
+                          margin={"t": 80})
+    if not fig.data:
+        return _no_match(fig)
+    _keep_legend(fig)
+    if not log:
+        both = [sample] + ([compare] if compare is not None else [])
+        fig.update_layout(height=HEIGHT, xaxis=_count_axis([f[x] for f in both]),
+                          yaxis=_count_axis([f[y] for f in both]))
     present = [name for name, _ in _present(sample)]
-    if not present:
+    if not menu or not present:
         return fig
     groups = [trace.legendgroup for trace in fig.data]
 
@@ -809,10 +1072,10 @@ def explore_scatter(sample: pd.DataFrame, *, x: str = "prompt_tokens", y: str = 
     return fig
 
 
-def subset_lengths_figure(curves: pd.DataFrame,
+def subset_lengths_figure(curves: pd.DataFrame, *, log: bool = False,
                           title: str = "Prompt length: sent subset against the whole dataset") -> go.Figure:
     """subset.compare_subsets(...).length_curves as cumulative shares per dataset: the whole
-    dataset solid, the sent subset dashed (apart: a biased subset)."""
+    dataset solid, the sent subset dashed (apart: a biased subset); `log`: a log length axis."""
     if curves.empty:
         return _empty(title, "no prompts")
     colors, fig = _colors(curves), go.Figure()
@@ -826,8 +1089,9 @@ def subset_lengths_figure(curves: pd.DataFrame,
                 name=f"{name} {group}", mode="lines",
                 line={"shape": "hv", "color": colors[name], "width": 2, "dash": dash},
                 hovertemplate="≤ %{x:,} tokens: %{y:.1f}%<extra>" + html.escape(f"{name} {group}") + "</extra>"))
-    fig.update_layout(title={"text": title}, xaxis_title="prompt tokens",
+    fig.update_layout(title={"text": title}, xaxis_title="prompt tokens" + (" (log)" if log else ""),
                       yaxis_title="% of prompts at or below", yaxis_range=[0, 101])
+    _log_axis(fig, log)
     return fig
 
 
@@ -856,9 +1120,24 @@ def subset_view(comparison: Any) -> Rendered:
         html_parts.append(_table(["dataset", "field", "values", "total variation", "p-value",
                                   "share whole -> sent", ""], rows, numeric=range(2, 5),
                                  caption="Shares of source-like fields"))
+    html_parts.append(_untested_note(comparison))
     records = {"lengths": _records(comparison.lengths), "shares": _records(comparison.shares),
                "share_tests": _records(comparison.share_tests)}
     return Rendered(f'<div class="wb-report">{"".join(html_parts)}</div>', records)
+
+
+def _untested_note(comparison: Any) -> str:
+    """Which datasets got no chi-square test of shares, and why: their file has no
+    source-like field (subset.SOURCE_FIELDS, with text values, at most MAX_LEVELS of them)."""
+    tested = set(comparison.share_tests["dataset"].astype(str))
+    untested = [str(d) for d in comparison.lengths["dataset"] if str(d) not in tested]
+    if not untested:
+        return ""
+    which = ("no dataset file has a" if not tested
+             else f"the file of {', '.join(untested)} has no")
+    return (f'<p class="wb-note">No chi-square test of shares: {_e(which)} source-like field '
+            f"({_e(', '.join(SOURCE_FIELDS))}; with text values, at most {MAX_LEVELS} distinct), "
+            "so only the prompt lengths are compared.</p>")
 
 
 def _number(value: object) -> str:

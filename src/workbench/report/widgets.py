@@ -2,8 +2,14 @@
 
 Every function takes a :class:`Selection` (the :class:`~workbench.report.explorer.Explorer`)
 and binds widgets to it: a control change calls its ``update`` (which redraws every figure
-made here, in place), a click on a point opens that record in the viewer. The explorer
-imports this module only in interactive mode, so papermill reports never load ipywidgets.
+made here, in place), a click on a point opens that record in the viewer and rings it in
+every figure that shows it. The explorer imports this module only in interactive mode, so
+papermill reports never load ipywidgets.
+
+A FigureWidget sends a layout to plotly.js as a *relayout*, which merges: a key left out
+keeps its old value in the browser. So every layout sent here sets the keys that any state
+changes (height, the axes' visibility and range, the "no records" note) explicitly, and an
+empty selection is drawn by switching them, never by leaving them out.
 """
 
 from __future__ import annotations
@@ -12,40 +18,103 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import ipywidgets as widgets
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analyze.explore import RunOverview
+from workbench.analyze.explore import RecordDetail, RunOverview
 from workbench.report import plots
 
-__all__ = ["Selection", "controls", "figure", "viewer"]
+__all__ = ["Selection", "board", "controls", "figure", "viewer"]
+
+RING = "opened record"  # the `meta` of the trace that rings the opened record
+_EMPTY_NOTE = "wb-empty"  # the name of the annotation an empty figure shows
+
+# The explorer's own styles: the board's record column stays in view while the figures
+# scroll (sticky, so no box between it and the notebook's scroller may scroll itself); the
+# board's cell is always laid out (plotly sizes a figure once, when drawn: in a cell Lab
+# skips off screen it would take plotly's default 700 px and run under the record column);
+# checkbox lists scroll past a few names; text wraps at spaces.
+_CSS = """<style>
+.jp-Cell:has(.wb-explorer-board){content-visibility:visible}
+.jp-OutputArea:has(.wb-explorer-board),.jp-OutputArea-child:has(.wb-explorer-board),
+.jp-OutputArea-output:has(.wb-explorer-board){overflow:visible;min-width:0}
+.wb-explorer-board{min-width:0;max-width:100%}
+.wb-explorer-records{position:sticky;top:4px;align-self:flex-start;max-height:calc(100vh - 150px);overflow-y:auto;overflow-x:hidden}
+.wb-explorer-records .widget-html-content{line-height:1.4;white-space:normal;width:100%;min-width:0}
+.wb-explorer-records .wb-report .wb-card{margin:0 4px 0 0}
+.wb-explorer-records .wb-report .wb-table{display:block;overflow-x:auto;min-width:0}
+.wb-explorer-records .wb-report .wb-code{max-height:22em;overflow-wrap:break-word;word-break:normal}
+.wb-explorer-checks{max-height:96px;overflow-y:auto;border:1px solid #e4e7eb;border-radius:4px;padding:0 4px}
+.wb-explorer-checks .widget-checkbox{height:22px}
+.wb-report .wb-notice{background:#FFF4E5;border-left:4px solid #E67E00;padding:6px 10px;margin:0 0 8px;font-size:13px}
+.wb-selection .wb-empty{color:#C62828;font-weight:600}
+.wb-selection .wb-note{margin:2px 0}
+.wb-explorer-gap{gap:14px}
+</style>"""
 
 
 class Selection(Protocol):
-    """What the widgets bind to: a run's records and findings, the filters, and the calls
-    that refilter, open a record and register a redraw."""
+    """What the widgets bind to: a run's records and findings, the filters, the record
+    opened, and the calls that refilter, open a record and register a redraw."""
 
     records: pd.DataFrame
     findings: pd.DataFrame
     filters: dict[str, Any]
     overview: RunOverview
+    opened: RecordDetail | None
 
     def update(self, **changes: Any) -> pd.DataFrame: ...
     def open(self, dataset: str, line: int) -> Any: ...
     def on_update(self, redraw: Callable[[], None]) -> None: ...
-    def summary(self) -> plots.Rendered: ...
-
-_WIDE = widgets.Layout(width="460px")
-_STYLE = {"description_width": "150px"}
+    def on_open(self, ring: Callable[[], None]) -> None: ...
+    def summary(self, *, compact: bool = False) -> plots.Rendered: ...
 
 
-def _range(app: Selection, column: str, key: str) -> widgets.IntRangeSlider:
+_FULL = widgets.Layout(width="100%")
+_STYLE = {"description_width": "136px"}
+
+
+# --- controls --------------------------------------------------------------------------------
+
+
+class _Checks:
+    """A list of checkboxes (no Ctrl-click needed): ticked names are the filter; none or
+    all ticked means no filter."""
+
+    def __init__(self, title: str, names: list[str], ticked: tuple[str, ...]) -> None:
+        self.boxes = [widgets.Checkbox(value=name in ticked, description=name, indent=False,
+                                       layout=widgets.Layout(width="auto")) for name in names]
+        box = widgets.VBox(self.boxes)
+        box.add_class("wb-explorer-checks")
+        self.title = title
+        self.label = widgets.HTML()
+        self._say()
+        for check in self.boxes:
+            check.observe(lambda _: self._say(), names="value")
+        self.widget = widgets.VBox([self.label, box], layout=_FULL)
+
+    def _say(self) -> None:
+        none = not any(b.value for b in self.boxes)
+        self.label.value = f"<b>{self.title}</b>" + (" <i>(none ticked: all)</i>" if none else "")
+
+    @property
+    def value(self) -> list[str] | None:
+        ticked = [b.description for b in self.boxes if b.value]
+        return None if not ticked or len(ticked) == len(self.boxes) else ticked
+
+    def reset(self) -> None:
+        for b in self.boxes:
+            b.value = True
+
+
+def _range(app: Selection, column: str) -> widgets.IntRangeSlider:
     values = app.records[column].dropna()
-    top = int(values.max()) if len(values) else 1
-    low = app.filters.get(f"min_{key}", 0)
-    high = app.filters.get(f"max_{key}", top)
-    return widgets.IntRangeSlider(value=(low, high), min=0, max=max(top, 1), continuous_update=False,
-                                  description=f"{column.replace('_', ' ')}", layout=_WIDE, style=_STYLE)
+    top = max(int(values.max()) if len(values) else 1, 1)
+    low = app.filters.get(f"min_{column}", 0)
+    high = app.filters.get(f"max_{column}", top)
+    return widgets.IntRangeSlider(value=(low, high), min=0, max=top, continuous_update=False,
+                                  description=column.replace("_", " "), layout=_FULL, style=_STYLE)
 
 
 def _rule_options(app: Selection) -> list[tuple[str, str]]:
@@ -55,13 +124,8 @@ def _rule_options(app: Selection) -> list[tuple[str, str]]:
                                    for rule, count in counts.items())]
 
 
-def _picked(values: tuple[Any, ...], every: list[Any]) -> list[Any] | None:
-    """A multiple choice as a filter: None when everything (or nothing) is picked."""
-    return None if not values or len(values) == len(every) else list(values)
-
-
-def _bounds(pair: tuple[int, int], slider: widgets.IntRangeSlider) -> tuple[int | None, int | None]:
-    low, high = pair
+def _bounds(slider: widgets.IntRangeSlider) -> tuple[int | None, int | None]:
+    low, high = slider.value
     return (None if low <= slider.min else low), (None if high >= slider.max else high)
 
 
@@ -72,45 +136,92 @@ def _initial(app: Selection, key: str, every: list[str]) -> tuple[str, ...]:
     return (given,) if isinstance(given, str) else tuple(given)
 
 
+class _Controls:
+    """The filter controls of one selection: each change sends only its own filters."""
+
+    def __init__(self, app: Selection) -> None:
+        self.app = app
+        names = list(app.overview.datasets)
+        reasons = sorted(str(r) for r in app.records["finish_reason"].dropna().unique())
+        self.checks = {"dataset": _Checks("datasets", names, _initial(app, "dataset", names)),
+                       "finish_reason": _Checks("finish reason", reasons, _initial(app, "finish_reason", reasons))}
+        self.ranges = {column: _range(app, column) for column in ("completion_tokens", "prompt_tokens")}
+        self.rule = widgets.Dropdown(options=_rule_options(app), value=app.filters.get("rule", ""),
+                                     description="validation rule", layout=_FULL, style=_STYLE)
+        self.search = widgets.Text(value=app.filters.get("search", ""), placeholder="text in the decoded reply",
+                                   description="reply contains", continuous_update=False, layout=_FULL,
+                                   style=_STYLE)
+        self.sample = widgets.Text(value=str(app.filters.get("sample_id", "")), placeholder="a sample id",
+                                   description="sample id", continuous_update=False, layout=_FULL, style=_STYLE)
+        self.reset_button = widgets.Button(description="Reset filters", icon="undo",
+                                           tooltip="clear every filter", layout=widgets.Layout(width="150px"))
+        self.status = widgets.HTML(app.summary(compact=True).html, layout=_FULL)
+        self.quiet = False  # set while Reset moves every control (one update at the end)
+        self._bind()
+
+    def _bind(self) -> None:
+        for key, checks in self.checks.items():
+            for box in checks.boxes:
+                box.observe(lambda _, key=key: self.changed(key), names="value")
+        for column, slider in self.ranges.items():
+            slider.observe(lambda _, column=column: self.changed(column), names="value")
+        for key, control in (("rule", self.rule), ("search", self.search), ("sample_id", self.sample)):
+            control.observe(lambda _, key=key: self.changed(key), names="value")
+        self.reset_button.on_click(lambda _: self.reset())
+
+    def _values(self, key: str) -> dict[str, Any]:
+        if key in self.checks:
+            return {key: self.checks[key].value}
+        if key in self.ranges:
+            low, high = _bounds(self.ranges[key])
+            return {f"min_{key}": low, f"max_{key}": high}
+        control = {"rule": self.rule, "search": self.search, "sample_id": self.sample}[key]
+        return {key: str(control.value).strip()}
+
+    def changed(self, *keys: str) -> None:
+        if self.quiet:
+            return
+        update: dict[str, Any] = {}
+        for key in keys:
+            update.update(self._values(key))
+        self.status.value = '<div class="wb-report"><p class="wb-note"><i>filtering…</i></p></div>'
+        self.app.update(**update)
+        self.status.value = self.app.summary(compact=True).html
+
+    def reset(self) -> None:
+        """Every control back to no filter, then one update."""
+        self.quiet = True
+        try:
+            for checks in self.checks.values():
+                checks.reset()
+            for slider in self.ranges.values():
+                slider.value = (slider.min, slider.max)
+            self.rule.value, self.search.value, self.sample.value = "", "", ""
+        finally:
+            self.quiet = False
+        self.changed(*self.checks, *self.ranges, "rule", "search", "sample_id")
+
+    def widget(self) -> widgets.VBox:
+        lists = widgets.HBox([self.checks["dataset"].widget, self.checks["finish_reason"].widget],
+                             layout=widgets.Layout(flex="2 1 0", min_width="0"))
+        fields = widgets.VBox([*self.ranges.values(), self.rule, self.search, self.sample],
+                              layout=widgets.Layout(flex="3 1 0", min_width="0"))
+        row = widgets.HBox([lists, fields], layout=_FULL)
+        foot = widgets.HBox([self.reset_button, self.status], layout=widgets.Layout(width="100%",
+                                                                                     align_items="center"))
+        for box in (lists, row, foot):
+            box.add_class("wb-explorer-gap")
+        return widgets.VBox([widgets.HTML(_CSS, layout=widgets.Layout(display="none")), row, foot])
+
+
 def controls(app: Selection) -> widgets.VBox:
-    """The filter controls bound to app, and a line saying what is selected."""
-    names = list(app.overview.datasets)
-    reasons = sorted(str(r) for r in app.records["finish_reason"].dropna().unique())
-    pick = {
-        "dataset": widgets.SelectMultiple(options=names, value=_initial(app, "dataset", names),
-                                          rows=min(5, max(2, len(names))), description="datasets",
-                                          layout=_WIDE, style=_STYLE),
-        "finish_reason": widgets.SelectMultiple(options=reasons, value=_initial(app, "finish_reason", reasons),
-                                                rows=min(4, max(2, len(reasons))), description="finish reason",
-                                                layout=_WIDE, style=_STYLE),
-    }
-    ranges = {"completion_tokens": _range(app, "completion_tokens", "completion_tokens"),
-              "prompt_tokens": _range(app, "prompt_tokens", "prompt_tokens")}
-    rule = widgets.Dropdown(options=_rule_options(app), value=app.filters.get("rule", ""),
-                            description="validation rule", layout=_WIDE, style=_STYLE)
-    search = widgets.Text(value=app.filters.get("search", ""), placeholder="text in the decoded reply",
-                          description="reply contains", continuous_update=False, layout=_WIDE, style=_STYLE)
-    sample = widgets.Text(value=str(app.filters.get("sample_id", "")), placeholder="a sample id",
-                          description="sample id", continuous_update=False, layout=_WIDE, style=_STYLE)
-    status = widgets.HTML(app.summary().html)
+    """The filter controls bound to app: datasets and finish reasons as checkboxes, token
+    ranges, a validation rule, reply text, a sample id, a Reset button, and a line saying
+    what is selected and by which filters."""
+    return _Controls(app).widget()
 
-    def changed(_: Any = None) -> None:
-        update: dict[str, Any] = {key: _picked(w.value, list(w.options)) for key, w in pick.items()}
-        for column, slider in ranges.items():
-            update[f"min_{column}"], update[f"max_{column}"] = _bounds(slider.value, slider)
-        update.update(rule=rule.value, search=search.value.strip(), sample_id=sample.value.strip())
-        status.value = "<i>filtering…</i>"
-        selected = app.update(**update)
-        status.value = app.summary().html
-        if update["sample_id"] and len(selected):
-            first = selected.iloc[0]
-            app.open(str(first["dataset"]), int(first["line"]))
 
-    for control in (*pick.values(), *ranges.values(), rule, search, sample):
-        control.observe(changed, names="value")
-    left = widgets.VBox([*pick.values(), rule])
-    right = widgets.VBox([*ranges.values(), search, sample])
-    return widgets.VBox([widgets.HBox([left, right]), status])
+# --- figures ---------------------------------------------------------------------------------
 
 
 def _clicked(app: Selection) -> Callable[[Any, Any, Any], None]:
@@ -121,38 +232,128 @@ def _clicked(app: Selection) -> Callable[[Any, Any, Any], None]:
     return opened
 
 
+def _empty_note(shown: bool) -> dict[str, Any]:
+    return {"name": _EMPTY_NOTE, "text": plots.NO_MATCH, "visible": shown, "showarrow": False,
+            "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 15, "color": "#616e7c"}}
+
+
 def _layout(fig: go.Figure) -> dict[str, Any]:
-    """A figure's layout without its template (the same for every figure)."""
+    """fig's layout with every key an empty selection changes set explicitly: the usual
+    height, the axes shown (or hidden when there is no trace), their range or autorange,
+    and the "no records match" note shown or hidden."""
     layout = fig.layout.to_plotly_json()
-    layout.pop("template", None)
+    empty = not fig.data
+    notes = [] if empty else [a for a in layout.get("annotations", []) if a.get("name") != _EMPTY_NOTE]
+    layout["annotations"] = [*notes, _empty_note(empty)]
+    layout["height"] = plots.HEIGHT if empty else layout.get("height", plots.HEIGHT)
+    for axis in ("xaxis", "yaxis"):
+        props = layout.setdefault(axis, {})
+        props["visible"] = not empty
+        if "range" not in props:
+            props["autorange"] = True
     return layout
+
+
+def _same(layout: dict[str, Any], widget: go.FigureWidget) -> bool:
+    """Whether widget already has this layout (the template left out of the comparison)."""
+    mine = {k: v for k, v in layout.items() if k != "template"}
+    theirs = {k: v for k, v in widget.layout.to_plotly_json().items() if k != "template"}
+    return mine == theirs
+
+
+def _ring() -> go.Scatter:
+    return go.Scatter(x=[None], y=[None], mode="markers", meta=RING, showlegend=False, hoverinfo="skip",
+                      marker={"symbol": "circle-open", "size": 18, "color": "#111111", "line": {"width": 3}})
+
+
+def _clickable(trace: Any) -> bool:
+    """A trace of this run's records: one dataset (its legendgroup), lines as customdata."""
+    return bool(trace.legendgroup) and trace.customdata is not None and trace.meta not in (plots.COMPARED, RING)
+
+
+def _rings(fig: go.Figure) -> list[go.Scatter]:
+    """The ring trace, for a figure whose points open records."""
+    return [_ring()] if any(_clickable(t) for t in fig.data) else []
+
+
+def _where(widget: go.FigureWidget, opened: RecordDetail | None) -> tuple[Any, Any]:
+    """(x, y) of the opened record's point in widget, or (None, None) when it is not drawn."""
+    if opened is None:
+        return None, None
+    for trace in widget.data:
+        if _clickable(trace) and trace.legendgroup == opened.dataset:
+            at = np.flatnonzero(np.asarray(trace.customdata) == opened.line)
+            if len(at):
+                return trace.x[at[0]], trace.y[at[0]]
+    return None, None
+
+
+def _fit_when_drawn(widget: go.FigureWidget) -> None:
+    """Refit the figure's width to its column once the browser has drawn it: plotly.js may
+    draw a widget before it is on the page, at its default 700 px (running under the record
+    viewer), and measures again only on a relayout with ``autosize``. Its word that it drew
+    is the trace deltas it sends back (its layout deltas do not reach Python)."""
+
+    def drawn(change: dict[str, Any]) -> None:
+        if change["new"] and not widget.layout.autosize:  # after a new layout too: refit again
+            widget.plotly_relayout({"autosize": True})
+
+    widget.observe(drawn, names="_js2py_traceDeltas")
 
 
 def figure(app: Selection, build: Callable[[], go.Figure]) -> go.FigureWidget:
     """A FigureWidget redrawn in place (same widget, new traces) whenever app's selection
-    changes; clicking a point opens its record."""
-    widget = go.FigureWidget(build())
+    changes, at the same height when the selection is empty; clicking a point opens its
+    record, which a ring marks in every figure that shows it."""
+    first = build()
+    widget = go.FigureWidget(data=first.data, layout=_layout(first))
     on_click = _clicked(app)
 
     def bind() -> None:
         for trace in widget.data:
-            if trace.customdata is not None and trace.meta != plots.COMPARED:  # this run's points
+            if _clickable(trace):  # this run's points
                 trace.on_click(on_click)
+
+    def ring() -> None:
+        if widget.data and widget.data[-1].meta == RING:
+            x, y = _where(widget, app.opened)
+            widget.data[-1].update(x=[x], y=[y])
 
     def refresh() -> None:
         fresh = build()
+        layout = _layout(fresh)
         with widget.batch_update():
             widget.data = ()
-            widget.add_traces(list(fresh.data))
-            if _layout(fresh) != _layout(widget):  # mostly the same: skip the costly check
-                widget.layout = fresh.layout
+            widget.add_traces([*fresh.data, *_rings(fresh)])
+            if not _same(layout, widget):
+                widget.layout = layout
         bind()
+        ring()
 
+    widget.add_traces(_rings(first))
+    _fit_when_drawn(widget)
     bind()
     app.on_update(refresh)
+    app.on_open(ring)
     return widget
 
 
-def viewer(hint: str) -> widgets.HTML:
-    """The record viewer: an HTML widget the explorer fills with plots.record_view."""
-    return widgets.HTML(f'<div class="wb-report"><p class="wb-note">{hint}</p></div>')
+# --- the record viewer and the board ---------------------------------------------------------
+
+
+def viewer(markup: str) -> widgets.HTML:
+    """The record viewer: an HTML widget the explorer fills (plots.record_view)."""
+    return widgets.HTML(markup, layout=widgets.Layout(width="100%"))
+
+
+def board(figures: list[Any], records: widgets.Widget) -> widgets.HBox:
+    """The figures on the left, the record viewer on the right, kept in view while the
+    figures scroll: a clicked point's record opens beside it."""
+    column = widgets.VBox(figures, layout=widgets.Layout(flex="3 1 0", min_width="0"))
+    side = widgets.VBox([records], layout=widgets.Layout(flex="2 1 0", min_width="320px"))
+    side.add_class("wb-explorer-records")
+    row = widgets.HBox([widgets.HTML(_CSS, layout=widgets.Layout(display="none")), column, side],
+                       layout=widgets.Layout(width="100%", align_items="flex-start", overflow="visible"))
+    row.add_class("wb-explorer-gap")
+    row.add_class("wb-explorer-board")  # no scrolling box around the viewer: it sticks to the notebook's
+    return row

@@ -14,6 +14,7 @@ from typing import Any
 from workbench.analyze.stats import collect_stats
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, InputError
+from workbench.rundir.run import load_run
 from workbench.text import format_gpu_hours, format_gpus, format_table
 from workbench.tune.fidelity import verdict
 from workbench.tune.measurement import PointResult, _rounded, violations
@@ -28,7 +29,10 @@ __all__ = [
     "format_gpu_hours",
     "format_gpus",
     "format_hours",
+    "format_latency_ms",
+    "format_limit",
     "format_results_table",
+    "job_model",
     "projection",
     "recommend",
     "recommend_sweep",
@@ -52,6 +56,34 @@ def format_hours(hours: float | None) -> str:
     if hours >= 1:
         return f"{hours:,.1f} h"
     return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+
+
+def format_latency_ms(ms: float) -> str:
+    """A latency in the unit its size wants: `100 ms`, `850 ms`; from a second on `20 s`,
+    `16.7 s` (never `16,732 ms` or `15k`)."""
+    return f"{ms / 1000:,.3g} s" if abs(ms) >= 1000 else f"{ms:,.3g} ms"
+
+
+LIMIT_LABELS = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "itl_p50_ms": "ITL p50",
+                "itl_p99_ms": "ITL p99", "e2e_p50_s": "end-to-end p50",
+                "e2e_p99_s": "end-to-end p99", "max_error_rate": "error rate"}
+
+
+def format_limit(name: str, value: float) -> str:
+    """One latency limit as a reader says it: `TTFT p99 ≤ 20 s`, `error rate ≤ 1%`."""
+    if name == "max_error_rate":
+        shown = f"{value * 100:g}%"
+    elif name.endswith("_ms"):
+        shown = format_latency_ms(value)
+    else:
+        shown = f"{value:,.3g} s"
+    return f"{LIMIT_LABELS.get(name, name)} ≤ {shown}"
+
+
+def _set_limits(limits: LatencyLimits) -> tuple[tuple[str, float], ...]:
+    """The limits that are set, in LatencyLimits' order."""
+    return tuple((name, float(getattr(limits, name))) for name in LatencyLimits.__struct_fields__
+                 if getattr(limits, name) is not None)
 
 
 def remaining_from_run(run_dir: str | os.PathLike[str],
@@ -143,6 +175,32 @@ class Recommendation:
     rows: tuple[ConfigChoice, ...]
     note: str | None = None
     auto: tuple[tuple[str, float], ...] = ()  # configuration, auto tok/s / best fixed tok/s
+    limits: tuple[tuple[str, float], ...] = ()  # the latency limits set: (LatencyLimits field, value)
+    measured_model: str | None = None  # the model the sweep's server ran
+    job_model: str | None = None  # the model of the job projected (None: not known)
+
+    @property
+    def limits_text(self) -> str:
+        """`TTFT p99 ≤ 20 s, ITL p50 ≤ 100 ms, error rate ≤ 1%`, or that none is set."""
+        if not self.limits:
+            return "no latency limit set: every measured point is within"
+        return ", ".join(format_limit(name, value) for name, value in self.limits)
+
+    @property
+    def models_text(self) -> str | None:
+        """Which model the speeds were measured on, and which job's time they project, said
+        plainly when they differ (None when the sweep's model is not known)."""
+        measured, job = self.measured_model, self.job_model
+        if measured is None:
+            return None
+        if job is None:
+            return (f"Measured on {measured}; the job's model is not known here, so its projected "
+                    f"times assume it runs at the speeds measured on {measured}.")
+        if _same_model(measured, job):
+            return f"Measured on {measured}, the job's model."
+        return (f"Measured on {measured}, projected for a job of {job}: a different model. The "
+                f"projected times are that job's tokens at the speeds measured on {measured}, "
+                f"not a measurement of {job}; sweep the job's own model for its times.")
 
     @property
     def exclusions(self) -> list[str]:
@@ -214,7 +272,16 @@ class Recommendation:
                 "remaining_tokens": self.remaining_tokens, "remaining_source": self.remaining_source,
                 "projection": self.projection_text, "text": self.text, "note": self.note,
                 "rows": [_choice_dict(r) for r in self.rows], "auto": dict(self.auto),
-                "exclusions": self.exclusions}
+                "exclusions": self.exclusions, "limits": dict(self.limits),
+                "limits_text": self.limits_text, "measured_model": self.measured_model,
+                "job_model": self.job_model, "models_text": self.models_text}
+
+
+def _same_model(measured: str, job: str) -> bool:
+    """Whether a served model path and a job's model (a path, or `model profile NAME`) name
+    the same model: equal, or the profile's name is the path's last part."""
+    name = job.removeprefix("model profile ").strip()
+    return measured == job or measured.rstrip("/").rsplit("/", 1)[-1] == name
 
 
 def _choice_dict(row: ConfigChoice) -> dict[str, Any]:
@@ -286,7 +353,7 @@ def recommend(
     eligible = [r for r in rows if r.eligible]
     best = max(eligible, key=lambda r: r.output_throughput or 0.0).config if eligible else None
     return Recommendation(best, baseline, chosen, remaining_tokens, remaining_source, tuple(rows),
-                          note, _auto_ratios(results, configs))
+                          note, _auto_ratios(results, configs), _set_limits(limits))
 
 
 def _with_verdict(row: ConfigChoice, results: Sequence[PointResult], baseline: str,
@@ -357,10 +424,29 @@ def recommend_sweep(out: str | os.PathLike[str],
     configs = list(dict.fromkeys(r.config for r in results))
     baseline = params.grid.baseline or (configs[0] if configs else None)
     with_fidelity(results, sweep_fidelity(Path(out), configs, baseline))
-    return recommend(results, limits=params.limits, baseline=baseline,
-                     concurrency=params.projection.concurrency, remaining_tokens=remaining,
-                     remaining_source=source, note=note, gpus=params.projection.gpus,
-                     fidelity=params.fidelity if params.fidelity.prompts else None)
+    rec = recommend(results, limits=params.limits, baseline=baseline,
+                    concurrency=params.projection.concurrency, remaining_tokens=remaining,
+                    remaining_source=source, note=note, gpus=params.projection.gpus,
+                    fidelity=params.fidelity if params.fidelity.prompts else None)
+    return dataclasses.replace(rec, measured_model=params.server.model_path,
+                               job_model=job_model(params.projection))
+
+
+def job_model(params: ProjectionParams) -> str | None:
+    """The model of the job a projection is for: a run directory's `model` (run.json), a
+    dataset manifest's model profile (`model profile NAME`); None for a token count given,
+    or a source that cannot be read (the projection says why)."""
+    try:
+        if params.remaining_tokens is not None:
+            return None
+        if params.run_dir is not None:
+            model = load_run(params.run_dir).manifest.get("model")
+            return model if isinstance(model, str) and model else None
+        if params.manifest is not None:
+            return f"model profile {load_manifest(Path(params.manifest)).model_profile}"
+    except (InputError, OSError):
+        return None
+    return None
 
 
 def format_results_table(results: Sequence[PointResult]) -> str:
