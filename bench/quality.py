@@ -15,7 +15,8 @@ same run, in this process's page cache, without the scan cache:
                        replies read as words through the example tokenizer
 
 then the same after `--grow` more records are appended to a copy of the run whose scan is
-cached (only the new records are read; the comparisons run over the whole run).
+cached (only the new records are read; the comparisons run over the whole run). Their
+prompts are in prompts.jsonl from the start, as generate writes it whole before it sends.
 Targets: dedup + contamination + degeneracy at most 1.5x validate alone on the first read,
 and a grown run at most 0.2x validate alone's first read.
 """
@@ -81,30 +82,42 @@ def quality_off() -> Iterator[None]:
          scan_module.prompt_figures) = saved
 
 
-def grow(run: Path, share: float) -> int:
-    """Append `share` more records (new sample ids, with their prompts); their count."""
-    raw, prompts = run / DATASET / RAW_FILE, run / DATASET / PROMPTS_FILE
-    with open(raw, "rb") as file:
+def grown_records(run: Path, share: float) -> list[Any]:
+    """`share` more records (new sample ids) for the run."""
+    with open(run / DATASET / RAW_FILE, "rb") as file:
         existing = sum(1 for _ in file)
-    count = max(1, int(existing * share))
     records = iter_records(seed=7)
-    with open(raw, "ab") as out_raw, open(prompts, "ab") as out_prompts:
-        for _ in range(count):
-            record = next(records)
-            record.sample_id = existing + int(record.sample_id)
-            out_raw.write(encode_line(record))
-            out_prompts.write(encode_line(PromptRecord(sample_id=record.sample_id,
-                                                       input_ids=[7, 8, 9, int(record.sample_id)])))
-    return count
+    grown = [next(records) for _ in range(max(1, int(existing * share)))]
+    for record in grown:
+        record.sample_id = existing + int(record.sample_id)
+    return grown
+
+
+def add_prompts(run: Path, records: list[Any]) -> None:
+    """The records' prompts appended to prompts.jsonl."""
+    with open(run / DATASET / PROMPTS_FILE, "ab") as out:
+        out.writelines(encode_line(PromptRecord(sample_id=r.sample_id,
+                                                input_ids=[7, 8, 9, int(r.sample_id)]))
+                       for r in records)
+
+
+def add_records(run: Path, records: list[Any]) -> None:
+    """The records appended to raw_responses.jsonl."""
+    with open(run / DATASET / RAW_FILE, "ab") as out:
+        out.writelines(encode_line(record) for record in records)
 
 
 def timed_growth(run: Path, share: float, action: Callable[[Path], object]) -> float:
-    """Seconds of `action` on a copy of the run grown by `share`, its scan cached before."""
+    """Seconds of `action` on a copy of the run grown by `share` more records, its scan
+    cached before. As on a real job, prompts.jsonl holds their prompts from the start
+    (generate writes it whole before it sends anything): only the replies grow."""
     with tempfile.TemporaryDirectory(dir=run.parent) as folder:
         copy = Path(folder) / "run"
         shutil.copytree(run, copy)
+        records = grown_records(copy, share)
+        add_prompts(copy, records)
         action(copy)  # cached
-        grow(copy, share)
+        add_records(copy, records)
         return best_seconds(lambda: action(copy), 1)
 
 

@@ -504,34 +504,40 @@ def _candidates(sigs: np.ndarray, bands: int, per_band: int) -> tuple[np.ndarray
     """Distinct (row, earlier row) candidate pairs sorted by row then partner: each row with
     the first row and the previous row of every band bucket it shares.
 
-    A bucket key is the band's hash with its low bits replaced by the row number, so one plain
-    sort puts each bucket together with its rows in order (buckets whose shortened hashes
-    collide merge: their false pairs fail the verification).
+    Band by band (arrays of one entry a row: small, reused, in cache): a bucket key is the
+    band's hash with its low bits replaced by the row number, so one plain sort puts each
+    bucket together with its rows in order (buckets whose shortened hashes collide merge:
+    their false pairs fail the verification).
     """
     count = len(sigs)
-    row_bits = max(1, (count - 1).bit_length())
-    hashed = np.zeros((count, bands), dtype=_U64)
-    values = sigs.astype(_U64, copy=False)  # min hashes: random already, mixed once per band
-    for j, factor in enumerate(_multipliers(per_band, _SEED_BAND)):
-        hashed += values[:, j:bands * per_band:per_band] * factor
-    hashed = _mix(hashed ^ np.arange(bands, dtype=_U64), _SEED_BAND)
-    hashed >>= _U64(row_bits)
-    hashed <<= _U64(row_bits)
-    hashed |= np.arange(count, dtype=_U64)[:, None]
-    keys = np.sort(hashed.ravel())
-    row = (keys & _U64((1 << row_bits) - 1)).astype(np.int64)
-    bucket = keys >> _U64(row_bits)
-    new = np.ones(len(keys), dtype=bool)
-    new[1:] = bucket[1:] != bucket[:-1]
-    head = row[np.maximum.accumulate(np.where(new, np.arange(len(keys)), 0))]
-    previous = np.empty_like(row)
-    previous[0] = -1
-    previous[1:] = np.where(new[1:], -1, row[:-1])
-    later = np.concatenate([row, row])
-    earlier = np.concatenate([head, previous])
-    keep = (earlier >= 0) & (earlier < later)
-    pairs = _sorted_unique(later[keep] * count + earlier[keep])
+    row_bits = _U64(max(1, (count - 1).bit_length()))
+    rows = np.arange(count, dtype=_U64)
+    factors = _multipliers(per_band, _SEED_BAND)
+    found: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    for band in range(bands):
+        hashed = np.zeros(count, dtype=_U64)
+        for j, factor in enumerate(factors):  # min hashes: random already, mixed once a band
+            hashed += sigs[:, band * per_band + j].astype(_U64) * factor
+        hashed = _mix(hashed ^ _U64(band), _SEED_BAND)
+        keys = np.sort(((hashed >> row_bits) << row_bits) | rows)
+        found.append(_bucket_pairs(keys, row_bits, count))
+    pairs = _sorted_unique(np.concatenate(found))
     return pairs // count, pairs % count
+
+
+def _bucket_pairs(keys: np.ndarray, row_bits: np.uint64, count: int) -> np.ndarray:
+    """later * count + earlier for each row of a sorted band's keys after the first of its
+    bucket: paired with the bucket's first row and with the row just before it."""
+    bucket = keys >> row_bits
+    same = np.flatnonzero(bucket[1:] == bucket[:-1]) + 1  # positions after a bucket's first
+    if not len(same):
+        return np.zeros(0, dtype=np.int64)
+    row = (keys & ((_U64(1) << row_bits) - _U64(1))).astype(np.int64)
+    new = np.ones(len(keys), dtype=bool)
+    new[same] = False
+    head = row[np.maximum.accumulate(np.where(new, np.arange(len(keys)), 0))]
+    later = row[same]
+    return np.concatenate([later * count + head[same], later * count + row[same - 1]])
 
 
 # --- words ------------------------------------------------------------------------------------

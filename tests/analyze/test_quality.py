@@ -12,6 +12,7 @@ import pytest
 from conftest import EXAMPLES, workbench
 from test_validate import END, TE, findings, plant, record, write_run_json
 
+from workbench.analyze import quality
 from workbench.analyze.quality import Decontamination
 from workbench.analyze.rules import RecordChecker, Thresholds
 from workbench.analyze.scan import scan_run
@@ -119,6 +120,34 @@ def test_a_grown_run_compares_new_records_with_the_cached_ones(tmp_path: Path) -
         file.write(b'ids": [300, 301]}\n' + encode_line(PromptRecord(sample_id=7, text="x")))
     prompts = findings(validate_run(tmp_path, workers=1), "a")
     assert prompts["duplicate_prompt"].count == 1 and prompts["missing_response"].count == 2
+
+
+def test_prompt_findings_are_kept_while_the_prompts_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies grow, prompts.jsonl does not (generate writes it before sending): the prompts
+    are not compared again; a prompts file rewritten is."""
+    two_datasets(tmp_path)
+    compared: list[str] = []
+    compare = quality._compare
+
+    def counting(rows: Any, what: str, *args: Any) -> None:
+        compared.append(what)
+        compare(rows, what, *args)
+
+    monkeypatch.setattr(quality, "_compare", counting)
+    first = findings(validate_run(tmp_path, workers=1), "b")["duplicate_prompt"]
+    with open(tmp_path / "a" / "raw_responses.jsonl", "ab") as file:
+        file.write(encode_line(record(5, reply(7))))
+    compared.clear()
+    grown = findings(validate_run(tmp_path, workers=1), "b")
+    assert compared == ["reply"] and grown["duplicate_prompt"] == first
+    prompts_file(tmp_path / "b", [PromptRecord(sample_id=10, input_ids=list(range(700, 740))),
+                                  PromptRecord(sample_id=11, input_ids=list(range(500, 540))),
+                                  PromptRecord(sample_id=12, input_ids=list(range(900, 940)))])
+    compared.clear()
+    rewritten = findings(validate_run(tmp_path, workers=1), "b")
+    assert sorted(compared) == ["prompt", "reply"] and "duplicate_prompt" not in rewritten
 
 
 def bench_file(folder: Path, lines: list[Any]) -> Path:

@@ -45,7 +45,14 @@ from workbench import sketch
 from workbench.analyze.rules import Thresholds
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError
-from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
+from workbench.rundir.cache import (
+    cache_key,
+    file_stamp,
+    load_appended,
+    load_keyed,
+    save_appended,
+    save_keyed,
+)
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
 from workbench.rundir.records import PromptContents, SampleId, iter_prompt_contents
@@ -65,14 +72,15 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 5  # bump when the kept figures change meaning
+QUALITY_VERSION = 6  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
 
 MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their prompts differ
 
-_SIGNATURE = np.uint32  # signatures are kept as 32-bit values: half the cache, same estimates
+SIGNATURE_DTYPE = np.uint16  # signatures kept as 16-bit values (b-bit MinHash): a quarter of the
+# cache; two different entries agree by chance once in 65,536, which moves no estimate
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.
         return
     columns.digest.extend(sketch.digest(ids, starts, ends).tolist())
     first = sketch.clipped(starts, ends)  # the figures of a huge reply: its first ids'
-    signatures = sketch.signatures(ids, starts, first).astype(_SIGNATURE)
+    signatures = sketch.signatures(ids, starts, first).astype(SIGNATURE_DTYPE)
     columns.signature.extend(row.tobytes() for row in signatures)
     overlap = (np.zeros(len(starts), dtype=np.int64) if decontaminate is None
                else decontaminate.id_overlaps(ids, starts, first))
@@ -194,7 +202,7 @@ def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Threshold
     `prompts`: the :func:`prompt_figures` of the run when they were read already."""
     if prompts is None:
         prompts = prompt_figures(run, decontaminate, cache=cache)
-    flags = _flags(run, scans, thresholds, decontaminate, prompts)
+    flags = _flags(run, scans, thresholds, decontaminate, prompts, cache)
     found: dict[str, list[tuple[str, Tally]]] = {}
     for ds in run.datasets:
         raw, prompts = Tally(thresholds.max_examples), Tally(thresholds.max_examples)
@@ -211,24 +219,45 @@ def flagged_samples(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresho
                     ) -> dict[str, dict[str, set[SampleId]]]:
     """Per dataset, per run-level rule, the sample ids it flags (the export's drops)."""
     flags = _flags(run, scans, thresholds, decontaminate,
-                   prompt_figures(run, decontaminate, cache=cache))
+                   prompt_figures(run, decontaminate, cache=cache), cache)
     return {name: {rule: {sid for sid, _ in lines.values()} for rule, lines in rules.items()}
             for name, rules in flags.items()}
 
 
 _Flags = dict[str, dict[str, dict[int, tuple[SampleId, str]]]]  # dataset -> rule -> line -> ...
+_FlagsValue = dict[str, dict[str, dict[int, tuple[int | str, str]]]]  # as msgpack decodes it
 
 
 def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
-           decontaminate: Decontamination | None, figures: Mapping[str, PromptFigures]) -> _Flags:
-    flags: _Flags = {}
+           decontaminate: Decontamination | None, figures: Mapping[str, PromptFigures],
+           cache: bool = True) -> _Flags:
+    flags = _prompt_flags(run, thresholds, decontaminate, figures, cache)
     names = [ds.name for ds in run.datasets]
     _compare(_reply_rows(names, scans, MIN_REPLY_IDS), "reply",
              thresholds.near_duplicate_threshold, flags)
     _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
+    return flags
+
+
+def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontamination | None,
+                  figures: Mapping[str, PromptFigures], cache: bool) -> _Flags:
+    """The flags of the prompt rules, kept in the run's cache while every prompts file is as
+    it was (prompts.jsonl is written before the requests: a growing run's replies change,
+    its prompts do not)."""
+    key = cache_key("quality-prompt-flags", QUALITY_VERSION,
+                    thresholds.near_duplicate_prompt_threshold,
+                    None if decontaminate is None else decontaminate.key,
+                    [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].line))
+                     for ds in run.datasets if ds.name in figures])
+    kept = load_keyed(run.out, "quality-prompt-flags", key, _FlagsValue) if cache else None
+    if kept is not None:
+        return kept
+    flags: _Flags = {}
     prompts = _prompt_rows(run, figures)
     _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags)
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
+    if cache:
+        save_keyed(run.out, "quality-prompt-flags", key, flags)
     return flags
 
 
@@ -268,8 +297,8 @@ def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[
         digests.append(np.asarray(digest, dtype=np.uint64)[keep])
         signatures.extend(_picked(signature, at))
         overlaps.append(np.asarray(overlap, dtype=np.int64)[keep])
-    width = len(signatures[0]) // np.dtype(_SIGNATURE).itemsize if signatures else 1
-    matrix = np.frombuffer(b"".join(signatures), dtype=_SIGNATURE).reshape(-1, width)
+    width = len(signatures[0]) // np.dtype(SIGNATURE_DTYPE).itemsize if signatures else 1
+    matrix = np.frombuffer(b"".join(signatures), dtype=SIGNATURE_DTYPE).reshape(-1, width)
     return _Rows(dataset, line, sample_id, np.concatenate(digests), matrix,
                  np.concatenate(overlaps))
 
@@ -285,7 +314,7 @@ def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags) -> None:
     if not len(rows.line):
         return
     exact = sketch.exact_duplicates(rows.digest)
-    near = sketch.near_duplicates(rows.signature.astype(np.uint64), threshold)
+    near = sketch.near_duplicates(rows.signature, threshold)
     for index in np.flatnonzero((exact >= 0) | (near >= 0)).tolist():
         other = int(exact[index]) if exact[index] >= 0 else int(near[index])
         rule = f"duplicate_{what}" if exact[index] >= 0 else f"near_duplicate_{what}"
@@ -395,7 +424,7 @@ def _block_figures(block: PromptContents, seen: set[SampleId],
                 else sketch.word_hashes(block.texts[i] or "") for i in chosen]
     flat, starts, ends = _concat(contents)
     first = sketch.clipped(starts, ends)
-    signatures = sketch.signatures(flat, starts, first).astype(_SIGNATURE)
+    signatures = sketch.signatures(flat, starts, first).astype(SIGNATURE_DTYPE)
     return PromptFigures([block.sample_ids[i] for i in chosen], [block.lines[i] for i in chosen],
                          sketch.digest(flat, starts, ends).tolist(),
                          [row.tobytes() for row in signatures],

@@ -21,6 +21,9 @@ the file held then:
                value is not kept when the stamp taken before the read tells that the file
                changed otherwise than in size meanwhile.
                :func:`load_appended`, :func:`save_appended`.
+    keyed      a value whose key names everything it was computed from (the stamps of the
+               files it read among them), in a folder's cache: one of a kind is kept, the
+               one last saved. :func:`load_keyed`, :func:`save_keyed`.
 
 On a filesystem whose timestamps are coarser than its writes, a same-size rewrite in the
 clock tick the stamp was taken in leaves the stamp as it was (since Linux 6.13, a file on
@@ -47,7 +50,9 @@ __all__ = [
     "cache_key",
     "file_stamp",
     "load_appended",
+    "load_keyed",
     "save_appended",
+    "save_keyed",
 ]
 
 _FORMAT = 3
@@ -172,7 +177,42 @@ def save_appended(
 
 
 def _cache_file(path: Path, kind: str, key: str) -> Path:
-    return path.parent / CACHE_DIR / f"{kind}-{key}.msgpack"
+    return _kind_file(path.parent, kind, key)
+
+
+def _kind_file(folder: Path, kind: str, key: str) -> Path:
+    return folder / CACHE_DIR / f"{kind}-{key}.msgpack"
+
+
+class _Keyed(msgspec.Struct):
+    format: int
+    version: str
+    key: str
+    value: msgspec.Raw
+
+
+def load_keyed(folder: Path, kind: str, key: str, value_type: type[T]) -> T | None:
+    """The value of kind kept in folder's cache under key, or None."""
+    try:
+        kept = msgspec.msgpack.decode(_kind_file(folder, kind, key).read_bytes(),
+                                      type=_Keyed)
+        if (kept.format, kept.version, kept.key) != (_FORMAT, workbench.__version__, key):
+            return None
+        return msgspec.msgpack.decode(kept.value, type=value_type)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def save_keyed(folder: Path, kind: str, key: str, value: Any) -> None:
+    """Keep value of kind under key in folder's cache, in place of any other of its kind;
+    best effort."""
+    path = _kind_file(folder, kind, key)
+    with contextlib.suppress(OSError, OverflowError):
+        raw = msgspec.Raw(_ENCODER.encode(value))
+        _write(path, _ENCODER.encode(_Keyed(_FORMAT, workbench.__version__, key, raw)))
+        for other in path.parent.glob(f"{kind}-*.msgpack"):
+            if other != path:
+                other.unlink(missing_ok=True)
 
 
 def _write(path: Path, data: bytes) -> None:
