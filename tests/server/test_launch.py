@@ -111,7 +111,8 @@ def test_an_out_of_memory_start_is_a_launch_error_with_the_reason(tmp_path: Path
     server = ServerProcess(argv, url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log")
     server.start()
     try:
-        with pytest.raises(LaunchError, match=r"exited with code 1 before it was ready: out of memory"):
+        with pytest.raises(LaunchError, match=r"exited with code 1 before it was ready: workbench sim: "
+                           r"mem_fraction_static: out of memory: activations need"):
             server.wait_ready(30)
         assert server.exit_reason() is not None and "out of memory" in server.exit_reason()  # type: ignore[operator]
     finally:
@@ -168,11 +169,12 @@ def test_failure_reason_prefers_the_out_of_memory_line(tmp_path: Path) -> None:
     log.write_text("loading\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
                    "Traceback (most recent call last):\nsomething else\n")
     server = ServerProcess(["true"], url="http://127.0.0.1:9", log_path=log)
-    assert server.failure_reason().startswith("out of memory: torch.OutOfMemoryError")
+    assert server.failure_reason() == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
     log.write_text("a\nlast line\n")
     assert server.failure_reason() == "last line"
-    said = "out of memory: activations need 1.5 GB per rank but mem_fraction_static 0.97 leaves 0.7 GB"
+    said = "workbench sim: out of memory: activations need 1.5 GB but 0.97 leaves 0.7 GB"
     assert log_failure_reason(f"starting\n{said}\n") == said  # said once, not twice
+    assert log_failure_reason("x\nRuntimeError: not enough memory\n") == "out of memory: RuntimeError: not enough memory"
 
 
 # The tail of a real SGLang 0.5.23 log on a CPU without Intel AMX, started with

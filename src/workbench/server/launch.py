@@ -223,7 +223,7 @@ def log_failure_reason(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     for line in reversed(lines):
         if any(marker in line.lower() for marker in OOM_MARKERS):
-            said = line.lower().startswith("out of memory")  # not "out of memory: out of memory"
+            said = "out of memory" in line.lower()  # not "out of memory: ... out of memory"
             return line[:200] if said else f"out of memory: {line[:200]}"
     for line in reversed(lines):
         if _EXCEPTION_LINE.match(line) and not _CLEANUP_LINE.search(line):
