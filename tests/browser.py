@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -22,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workbench.server.launch import group_members
 
 INSTALL_HINT = "headless Chromium is missing: run scripts/ci_install_system.sh (Debian package chromium)"
 FLAGS = (
@@ -221,3 +224,17 @@ def open_page(
     finally:
         pipe.close()
     return report
+
+
+def stop_like_ctrl_c(process: subprocess.Popen[str]) -> None:
+    """Stop a verb started in its own process group as Ctrl-C would (SIGINT to the group,
+    SIGKILL after 30 s), then kill whatever of the group is left."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for pid in group_members(process.pid):
+        os.kill(pid, signal.SIGKILL)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium_path
+from browser import chromium_path, stop_like_ctrl_c
 from conftest import EXAMPLES, ROOT, generate_run
 from playwright import sync_api as playwright  # the test extra installs it
 
 from workbench.analyze.explore import record_detail
-from workbench.server.launch import find_free_port, group_members
+from workbench.server.launch import find_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -69,15 +68,7 @@ def lab(run: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]
         assert url.startswith("http://127.0.0.1:") and "token=" in url, (lines, process.stderr)
         yield url, process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # like Ctrl-C: the verb stops Lab's group
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        for pid in group_members(process.pid):
-            os.kill(pid, signal.SIGKILL)
+        stop_like_ctrl_c(process)
 
 
 PLOTS = "document.querySelectorAll('.jp-Notebook .js-plotly-plot')"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,18 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jupyter_scheduler  # noqa: F401  (the test extra installs it: a missing one fails, never skips)
 import pytest
 import yaml
-from browser import chromium_path, open_page
+from browser import chromium_path, open_page, stop_like_ctrl_c
 from conftest import EXAMPLES, generate_run
 from playwright import sync_api as playwright  # the test extra installs it
 
 from workbench.jobfolder import init_job_folder
 from workbench.report import index
 from workbench.report.lab import job_parameters, lab_layout, start_lab
-from workbench.server.launch import find_free_port, group_members
+from workbench.server.launch import find_free_port
 
-pytest.importorskip("jupyter_scheduler")
 pytestmark = pytest.mark.integration
 
 TIMEOUT_MS = 240_000
@@ -67,15 +66,7 @@ def explore_lab(run: Path, tmp_path: Path) -> Iterator[str]:
         assert url.startswith("http://127.0.0.1:") and "token=" in url, lines
         yield url
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        for pid in group_members(process.pid):
-            os.kill(pid, signal.SIGKILL)
+        stop_like_ctrl_c(process)
 
 
 def _api(url: str) -> tuple[str, dict[str, str]]:
