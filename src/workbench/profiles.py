@@ -5,11 +5,14 @@ Keep every model-specific id here; rules, the simulator and exports look them up
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import msgspec
 
 from workbench.errors import ConfigError
 
-__all__ = ["ModelProfile", "PROFILES", "get_profile"]
+__all__ = ["ModelProfile", "PROFILES", "get_profile", "reasoning_expected"]
 
 
 class ModelProfile(msgspec.Struct, frozen=True):
@@ -86,3 +89,11 @@ def get_profile(name: str, key: str = "model_profile") -> ModelProfile:
     except KeyError:
         known = ", ".join(sorted(PROFILES))
         raise ConfigError(key, f"unknown model profile {name!r} (known: {known})") from None
+
+
+def reasoning_expected(profile: ModelProfile, chat_template_kwargs: Mapping[str, Any]) -> bool:
+    """Whether replies should hold reasoning: a reasoning profile, thinking not switched off."""
+    if profile.think_end is None:
+        return False
+    kwarg = profile.thinking_kwarg
+    return not (kwarg is not None and chat_template_kwargs.get(kwarg) is False)

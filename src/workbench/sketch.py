@@ -6,6 +6,7 @@ and works with a few numpy passes over the whole block, never a Python loop over
 
     ngram_hashes       the hash of every n-gram inside a row, and the row of each
     repeat_share       per row: the share of ids inside an n-gram seen twice in that row (a loop)
+    split_repeat_share the same with each row's reasoning and answer looked at apart
     digest             per row: a 64-bit hash of the whole sequence (exact duplicates)
     signatures         per row: a MinHash signature over shingles (near duplicates)
     exact_duplicates   per row: the first earlier row with the same digest, or -1
@@ -40,6 +41,7 @@ from workbench.errors import ConfigError, DataError
 
 __all__ = [
     "DEFAULT_NUM_PERM",
+    "DEFAULT_REPEAT_NGRAM",
     "DEFAULT_SHINGLE",
     "DEFAULT_THRESHOLD",
     "MAX_ROW_IDS",
@@ -56,12 +58,14 @@ __all__ = [
     "normalise_words",
     "repeat_share",
     "signatures",
+    "split_repeat_share",
     "word_hashes",
 ]
 
 DEFAULT_SHINGLE = 3  # ids per shingle: 5-10% of ids changed still leaves Jaccard 0.55-0.75
 DEFAULT_NUM_PERM = 128  # signature entries: the estimate's spread is about 0.045 at 0.5
 DEFAULT_THRESHOLD = 0.5  # estimated Jaccard of a near duplicate (bench/dedup.py tunes the three)
+DEFAULT_REPEAT_NGRAM = 10  # ids per n-gram of the repeated-n-gram share (a loop's period or more)
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "instruction", "input", "text", "turns")
 
@@ -257,7 +261,7 @@ def ngram_hashes(
 
 def repeat_share(
     ids: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
-    ends: np.ndarray | Sequence[int], n: int = 10,
+    ends: np.ndarray | Sequence[int], n: int = DEFAULT_REPEAT_NGRAM,
 ) -> np.ndarray:
     """Per row, the share of its ids that lie inside an n-gram occurring at least twice in it.
 
@@ -271,6 +275,28 @@ def repeat_share(
     for first, last in _chunks(rows, _CHUNK_IDS, 1):
         share[first:last] = _repeat_share_part(rows.part(first, last), n)
     return share
+
+
+def split_repeat_share(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                       split: np.ndarray, n: int = DEFAULT_REPEAT_NGRAM) -> np.ndarray:
+    """Per row, the share of its ids inside an n-gram repeated within its own part (float64):
+    the part before position `split[i]` of the row (the reasoning, up to the first think-end
+    id) and the part after it (the answer) are looked at apart, as an answer that restates
+    the reasoning is no loop; a row whose split is -1 is one part. Each part's first
+    :data:`MAX_ROW_IDS` ids are looked at.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    split = np.asarray(split, dtype=np.int64)
+    cut = starts + np.where(split >= 0, split, ends - starts)
+    begins = np.concatenate([starts, np.where(split >= 0, cut + 1, ends)])
+    finishes = clipped(begins, np.concatenate([cut, ends]))
+    lengths = finishes - begins
+    covered = repeat_share(ids, begins, finishes, n) * lengths
+    rows = len(starts)
+    looked = np.maximum(lengths[:rows] + lengths[rows:], 1)
+    result: np.ndarray = (covered[:rows] + covered[rows:]) / looked
+    return result
 
 
 def _repeat_share_part(rows: _Rows, n: int) -> np.ndarray:

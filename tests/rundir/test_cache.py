@@ -100,7 +100,7 @@ def run(tmp_path: Path) -> Path:
     assert raw.stat().st_size > cache._PROBES * cache._PROBE_BYTES  # the probes are sampled
     read(out)
     assert sorted(p.name.split("-")[0] for p in (out / "ds" / CACHE_DIR).iterdir()) == [
-        "prompts", "quality", "scan"]
+        "prompt", "prompts", "scan"]  # prompt-figures, prompts, scan
     assert figures(read(out)) == ORIGINAL
     return out
 

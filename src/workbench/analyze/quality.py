@@ -27,7 +27,9 @@ an earlier record's sample id are not compared.
 The per-record figures (digest, MinHash signature, benchmark overlap) are computed in the one
 scan of the raw files and kept in its cache (:mod:`workbench.rundir.columns`): a grown run
 computes them for the new records only, and the comparison across the run works on the kept
-figures. A prompts file's figures are kept beside it while it is unchanged.
+figures. Generate keeps the digest and signature of each reply and prompt as it writes them
+(:mod:`workbench.rundir.figures`), so a first scan takes them instead of reading every id
+again; a prompts file's benchmark overlaps are kept beside it while it is unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ from workbench.rundir.cache import (
     save_keyed,
 )
 from workbench.rundir.columns import Columns, FileScan, Tally
+from workbench.rundir.figures import (
+    SIGNATURE_DTYPE,
+    PromptFigures,
+    ReplyFigures,
+    chosen_prompts,
+    concat,
+    prompt_contents,
+)
+from workbench.rundir.figures import prompt_figures as kept_prompt_figures
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
 from workbench.rundir.records import PromptContents, SampleId, iter_prompt_contents
 from workbench.rundir.run import RunInfo
@@ -63,7 +74,7 @@ __all__ = [
     "DATA_RULES",
     "QUALITY_VERSION",
     "Decontamination",
-    "PromptFigures",
+    "PromptRows",
     "add_quality",
     "benchmark_counts",
     "data_findings",
@@ -79,8 +90,6 @@ DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
 
 MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their prompts differ
 
-SIGNATURE_DTYPE = np.uint16  # signatures kept as 16-bit values (b-bit MinHash): a quarter of the
-# cache; two different entries agree by chance once in 65,536, which moves no estimate
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,7 @@ class Decontamination:
 
     def text_overlaps(self, texts: Sequence[str]) -> np.ndarray:
         """Per text, the bit mask of the benchmarks it overlaps."""
-        words, starts, ends = _concat([sketch.word_hashes(text) for text in texts])
+        words, starts, ends = concat([sketch.word_hashes(text) for text in texts])
         return self.benchmarks.overlaps(words, starts, ends)
 
     def describe(self, mask: int) -> str:
@@ -149,19 +158,18 @@ def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code:
 
 
 def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                repeat: list[float], special: list[int],
+                figures: ReplyFigures, special: list[int],
                 decontaminate: Decontamination | None) -> None:
-    """Append the quality columns of a batch of rows (row i holds ids[starts[i]:ends[i]])."""
-    columns.repeat_share.extend(repeat)
+    """Append the quality columns of a batch of rows (row i holds ids[starts[i]:ends[i]]):
+    their figures, special ids and benchmark overlaps."""
+    columns.repeat_share.extend(figures.repeat.tolist())
     columns.special_ids.extend(special)
     if not len(starts):
         return
-    columns.digest.extend(sketch.digest(ids, starts, ends).tolist())
-    first = sketch.clipped(starts, ends)  # the figures of a huge reply: its first ids'
-    signatures = sketch.signatures(ids, starts, first).astype(SIGNATURE_DTYPE)
-    columns.signature.extend(row.tobytes() for row in signatures)
+    columns.digest.extend(figures.digest.tolist())
+    columns.signature.extend(row.tobytes() for row in figures.signature)
     overlap = (np.zeros(len(starts), dtype=np.int64) if decontaminate is None
-               else decontaminate.id_overlaps(ids, starts, first))
+               else decontaminate.id_overlaps(ids, starts, sketch.clipped(starts, ends)))
     columns.overlap.extend(overlap.tolist())
 
 
@@ -177,26 +185,26 @@ class _Rows(NamedTuple):
     overlap: np.ndarray
 
 
-class PromptFigures(msgspec.Struct):
-    """What the quality rules keep of a prompts file: one entry per sample id's first line,
-    and the lines read (a file that grew is read from where this stopped)."""
+class PromptRows(NamedTuple):
+    """What the quality rules read of a prompts file: its figures, and per figure row the bit
+    mask of the benchmarks the prompt overlaps (zeros without benchmarks)."""
+
+    figures: PromptFigures
+    overlap: list[int]
+
+
+class _Overlaps(msgspec.Struct):
+    """The overlaps of a prompts file's rows as kept: their sample ids, masks and the lines
+    read."""
 
     sample_id: list[SampleId] = msgspec.field(default_factory=list)
-    line: list[int] = msgspec.field(default_factory=list)
-    digest: list[int] = msgspec.field(default_factory=list)
-    signature: list[bytes] = msgspec.field(default_factory=list)
     overlap: list[int] = msgspec.field(default_factory=list)
     lines: int = 0
-
-    def extend(self, other: PromptFigures) -> None:
-        for name in ("sample_id", "line", "digest", "signature", "overlap"):
-            getattr(self, name).extend(getattr(other, name))
-        self.lines += other.lines
 
 
 def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
                   decontaminate: Decontamination | None = None, *, cache: bool = True,
-                  prompts: Mapping[str, PromptFigures] | None = None,
+                  prompts: Mapping[str, PromptRows] | None = None,
                   ) -> dict[str, list[tuple[str, Tally]]]:
     """Per dataset, the tallies of the run-level rules: (file, tally) pairs for the findings.
     `prompts`: the :func:`prompt_figures` of the run when they were read already."""
@@ -229,7 +237,7 @@ _FlagsValue = dict[str, dict[str, dict[int, tuple[int | str, str]]]]  # as msgpa
 
 
 def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
-           decontaminate: Decontamination | None, figures: Mapping[str, PromptFigures],
+           decontaminate: Decontamination | None, figures: Mapping[str, PromptRows],
            cache: bool = True) -> _Flags:
     flags = _prompt_flags(run, thresholds, decontaminate, figures, cache)
     names = [ds.name for ds in run.datasets]
@@ -240,14 +248,14 @@ def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
 
 
 def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontamination | None,
-                  figures: Mapping[str, PromptFigures], cache: bool) -> _Flags:
+                  figures: Mapping[str, PromptRows], cache: bool) -> _Flags:
     """The flags of the prompt rules, kept in the run's cache while every prompts file is as
     it was (prompts.jsonl is written before the requests: a growing run's replies change,
     its prompts do not)."""
     key = cache_key("quality-prompt-flags", QUALITY_VERSION,
                     thresholds.near_duplicate_prompt_threshold,
                     None if decontaminate is None else decontaminate.key,
-                    [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].line))
+                    [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].figures.line))
                      for ds in run.datasets if ds.name in figures])
     kept = load_keyed(run.out, "quality-prompt-flags", key, _FlagsValue) if cache else None
     if kept is not None:
@@ -361,98 +369,92 @@ def _holding(rows: _Rows, name: str, bit: int) -> int:
 
 
 def prompt_figures(run: RunInfo, decontaminate: Decontamination | None = None, *,
-                   cache: bool = True) -> dict[str, PromptFigures]:
-    """The figures of each dataset's prompts.jsonl (those without one left out): read while
-    the scan's workers read the replies, on a machine with cores to spare."""
-    return {ds.name: _prompt_figures(ds.prompts_path, decontaminate, cache)
+                   cache: bool = True, kept: bool | None = None) -> dict[str, PromptRows]:
+    """The figures of each dataset's prompts.jsonl (those without one left out), and their
+    benchmark overlaps: read while the scan's workers read the replies, on a machine with
+    cores to spare. Generate keeps the figures as it writes the file (`kept`, default
+    `cache`: taken from there); only the overlaps, when asked for, read its ids again."""
+    kept = cache if kept is None else kept
+    return {ds.name: _prompt_file(ds.prompts_path, decontaminate, cache, kept)
             for ds in run.datasets if ds.prompts_path.is_file()}
 
 
-def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptFigures]) -> _Rows:
+def _prompt_file(path: Path, decontaminate: Decontamination | None, cache: bool,
+                 kept: bool) -> PromptRows:
+    if decontaminate is None:
+        figures = kept_prompt_figures(path, kept)
+        return PromptRows(figures, [0] * len(figures.line))
+    key = cache_key("quality-prompt-overlaps", QUALITY_VERSION, decontaminate.key)
+    found = load_appended(path, "quality-overlaps", key, _Overlaps) if cache else None
+    if found is None:  # the overlaps read with the figures, when those are read too
+        stamp = file_stamp(path)
+        overlaps = _Overlaps()
+        ends = [0]
+
+        def also(block: PromptContents, chosen: list[int]) -> None:
+            _add_overlaps(overlaps, block, chosen, decontaminate)
+            ends[0] = block.end_offset
+
+        figures = kept_prompt_figures(path, kept, also=also)
+        if (overlaps.lines, len(overlaps.overlap)) == (figures.lines, len(figures.line)):
+            # the figures were read from the start: the overlaps are whole
+            if cache and ends[0]:
+                save_appended(path, "quality-overlaps", key, overlaps, ends[0], stamp)
+            return PromptRows(figures, overlaps.overlap)
+        found = (_Overlaps(), 0)
+    else:
+        figures = kept_prompt_figures(path, kept)
+    return PromptRows(figures, _overlaps(path, len(figures.line), decontaminate, key, found,
+                                         cache))
+
+
+def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptRows]) -> _Rows:
     parts = []
     for ds in run.datasets:
         found = figures.get(ds.name)
         if found is not None:
-            keep = np.arange(len(found.line), dtype=np.int64)
-            parts.append((ds.name, found, keep, found.digest, found.signature, found.overlap))
+            kept = found.figures
+            keep = np.arange(len(kept.line), dtype=np.int64)
+            parts.append((ds.name, kept, keep, kept.digest, kept.signature, found.overlap))
     return _gather(parts)
 
 
-def _prompt_figures(path: Path, decontaminate: Decontamination | None,
-                    cache: bool) -> PromptFigures:
-    """The figures of every prompt of path: kept ones, and those of the lines appended since."""
-    key = cache_key("quality-prompts", QUALITY_VERSION,
-                    None if decontaminate is None else decontaminate.key)
-    found = load_appended(path, "quality", key, PromptFigures) if cache else None
-    known, offset = found if found is not None else (PromptFigures(), 0)
-    stamp = file_stamp(path)  # before the read: what a saved summary was read from
-    new, end = _read_prompt_figures(path, offset, known, decontaminate)
-    known.extend(new)
-    if cache and end > offset:
-        save_appended(path, "quality", key, known, end, stamp)
-    return known
-
-
-def _read_prompt_figures(path: Path, offset: int, known: PromptFigures,
-                         decontaminate: Decontamination | None) -> tuple[PromptFigures, int]:
-    """The figures of the whole lines of path after byte offset (each sample id's first line
-    only; unreadable lines are validate's to tell), and the offset after the last one."""
-    seen = set(known.sample_id)
-    figures = PromptFigures(lines=0)
+def _overlaps(path: Path, rows: int, decontaminate: Decontamination, key: str,
+              found: tuple[_Overlaps, int], cache: bool) -> list[int]:
+    """The benchmark masks of the `rows` first figure rows of prompts file path: those kept
+    (`found`: what was, and the offset read to), and those of the lines after."""
+    known, offset = found
+    stamp = file_stamp(path)
     end = offset
+    seen = set(known.sample_id)
     for block in iter_prompt_contents(path, offset=offset, first_line=known.lines + 1):
-        figures.extend(_block_figures(block, seen, decontaminate))
-        figures.lines = block.next_line - 1 - known.lines
+        _add_overlaps(known, block, chosen_prompts(block, seen), decontaminate)
         end = block.end_offset
-    return figures, end
+    if cache and end > offset:
+        save_appended(path, "quality-overlaps", key, known, end, stamp)
+    return (known.overlap + [0] * rows)[:rows]  # a file grown between the two reads
 
 
-def _block_figures(block: PromptContents, seen: set[SampleId],
-                   decontaminate: Decontamination | None) -> PromptFigures:
-    """The figures of a block's prompts whose sample id is not in `seen` (added to it), and
-    that hold ids or a text."""
-    chosen: list[int] = []
-    for index, (sample_id, text, has_ids) in enumerate(
-            zip(block.sample_ids, block.texts, block.has_ids, strict=True)):
-        if sample_id not in seen and (has_ids or text is not None):
-            seen.add(sample_id)
-            chosen.append(index)
-    if not chosen:
-        return PromptFigures()
-    ids = block.ids.view(np.uint64)
-    contents = [ids[block.starts[i]:block.ends[i]] if block.has_ids[i]
-                else sketch.word_hashes(block.texts[i] or "") for i in chosen]
-    flat, starts, ends = _concat(contents)
-    first = sketch.clipped(starts, ends)
-    signatures = sketch.signatures(flat, starts, first).astype(SIGNATURE_DTYPE)
-    return PromptFigures([block.sample_ids[i] for i in chosen], [block.lines[i] for i in chosen],
-                         sketch.digest(flat, starts, ends).tolist(),
-                         [row.tobytes() for row in signatures],
-                         _prompt_overlaps(block, chosen, flat, starts, first,
-                                          decontaminate).tolist())
+def _add_overlaps(overlaps: _Overlaps, block: PromptContents, chosen: list[int],
+                  decontaminate: Decontamination) -> None:
+    overlaps.sample_id.extend(block.sample_ids[i] for i in chosen)
+    overlaps.overlap.extend(_block_overlaps(block, chosen, decontaminate).tolist())
+    overlaps.lines = block.next_line - 1
 
 
-def _prompt_overlaps(block: PromptContents, chosen: list[int], flat: np.ndarray,
-                     starts: np.ndarray, first: np.ndarray,
-                     decontaminate: Decontamination | None) -> np.ndarray:
+def _block_overlaps(block: PromptContents, chosen: list[int],
+                    decontaminate: Decontamination) -> np.ndarray:
     """Per chosen prompt, the bit mask of the benchmarks it overlaps: its ids read as words,
     or its text's words."""
     overlap = np.zeros(len(chosen), dtype=np.int64)
-    if decontaminate is None:
+    if not chosen:
         return overlap
     with_ids = np.fromiter((block.has_ids[i] for i in chosen), dtype=bool, count=len(chosen))
     if with_ids.any():
-        overlap[with_ids] = decontaminate.id_overlaps(flat.view(np.int64), starts[with_ids],
-                                                      first[with_ids])
+        flat, starts, ends = concat(prompt_contents(block, [i for i in chosen if block.has_ids[i]]))
+        overlap[with_ids] = decontaminate.id_overlaps(flat.view(np.int64), starts,
+                                                      sketch.clipped(starts, ends))
     texts = np.flatnonzero(~with_ids)
     if len(texts):
         overlap[texts] = decontaminate.text_overlaps([block.texts[chosen[i]] or "" for i in texts])
     return overlap
-
-
-def _concat(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One flat array of parts and the start and end of each."""
-    lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    ends = np.cumsum(lengths)
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-    return flat, ends - lengths, ends

@@ -71,14 +71,15 @@ the one pass over a run is :mod:`workbench.analyze.scan`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, TypeAlias
+from collections.abc import Sequence
+from typing import Literal, NamedTuple, TypeAlias
 
 import msgspec
 import numpy as np
 
 from workbench import sketch
-from workbench.profiles import ModelProfile
+from workbench.profiles import ModelProfile, reasoning_expected
+from workbench.rundir.figures import FigureStore, ReplyFigures, reply_figures
 from workbench.rundir.records import Row, missing_fields
 
 __all__ = [
@@ -189,7 +190,7 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     special_heavy_error_rate: float = 0.05
     max_examples: int = 5
     repetition_share: float = 0.5
-    repetition_ngram: int = 10
+    repetition_ngram: int = sketch.DEFAULT_REPEAT_NGRAM
     special_share: float = 0.2
     near_duplicate_threshold: float = sketch.DEFAULT_THRESHOLD
     near_duplicate_prompt_threshold: float = 0.9
@@ -224,6 +225,7 @@ class IdStats(NamedTuple):
     repeat: list[float]
     special: list[int]
     flat: _Flat
+    figures: ReplyFigures | None = None  # the data-quality figures, when asked for
 
 class _Flat(NamedTuple):
     """The ids of a batch of rows in one array; row i holds ids[starts[i]:ends[i]]."""
@@ -274,38 +276,28 @@ class _Flat(NamedTuple):
         return ids
 
 
-def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker) -> IdStats:
+def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker, *, figures: bool = False,
+              known: FigureStore | None = None) -> IdStats:
+    """The facts about the rows' ids; with `figures`, their data-quality figures too (those
+    `known` holds taken from it)."""
     flat = _Flat.of(id_lists)
     ids, n = flat.ids, len(id_lists)
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
     special = flat.count_where(checker.special_mask(ids)) if n else []
     profile = checker.profile
-    if not checker.reasoning or not n:
-        repeat = _repeat_share(flat, np.full(n, -1, dtype=np.int64), checker.repetition_ngram)
-        return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat)
-    is_end = ids == profile.think_end
-    end_first = flat.first_where(is_end)
+    reasoning = checker.reasoning and n > 0
+    end_first = flat.first_where(ids == profile.think_end) if reasoning else np.full(n, -1)
+    ngram = checker.repetition_ngram
+    quality = (reply_figures(ids, flat.starts, flat.ends, end_first, ngram, known) if figures
+               else None)
+    repeat: list[float] = (quality.repeat if quality is not None else sketch.split_repeat_share(
+        ids, flat.starts, flat.ends, end_first, ngram)).tolist()
+    if not reasoning:
+        return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat,
+                       quality)
     start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
-    repeat = _repeat_share(flat, end_first, checker.repetition_ngram)
-    return IdStats(bad_vocab, flat.count_where(is_end), end_first.tolist(), flat.after(end_first),
-                    start_count, repeat, special, flat)
-
-
-def _repeat_share(flat: _Flat, end_first: np.ndarray, n: int) -> list[float]:
-    """Per row, the share of its ids inside an n-gram repeated within its own part: the
-    reasoning (before the first think-end id) and the answer (after it) are looked at apart,
-    as an answer that restates the reasoning is no loop (each part's first
-    :data:`~workbench.sketch.MAX_ROW_IDS` ids)."""
-    split = end_first >= 0
-    cut = flat.starts + np.where(split, end_first, flat.ends - flat.starts)
-    starts = np.concatenate([flat.starts, np.where(split, cut + 1, flat.ends)])
-    ends = sketch.clipped(starts, np.concatenate([cut, flat.ends]))  # a part's first ids
-    lengths = ends - starts
-    covered = sketch.repeat_share(flat.ids, starts, ends, n) * lengths
-    rows = len(flat.starts)
-    looked = np.maximum(lengths[:rows] + lengths[rows:], 1)
-    result: list[float] = ((covered[:rows] + covered[rows:]) / looked).tolist()
-    return result
+    return IdStats(bad_vocab, flat.count_where(ids == profile.think_end), end_first.tolist(),
+                   flat.after(end_first), start_count, repeat, special, flat, quality)
 
 
 class RecordChecker:
@@ -352,9 +344,12 @@ class RecordChecker:
         """The problems of each row (see :meth:`problems`), the ids of all checked at once."""
         return self._check(rows)[0]
 
-    def _check(self, rows: Sequence[Row]) -> tuple[list[list[tuple[str, str]]], IdStats]:
-        """The problems of each row and the facts about their ids."""
-        stats = _id_stats([row.output_ids or [] for row in rows], self)
+    def _check(self, rows: Sequence[Row], *, figures: bool = False,
+               known: FigureStore | None = None) -> tuple[list[list[tuple[str, str]]], IdStats]:
+        """The problems of each row and the facts about their ids (with `figures`, their
+        data-quality figures too, those `known` holds taken from it)."""
+        stats = _id_stats([row.output_ids or [] for row in rows], self, figures=figures,
+                          known=known)
         return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
 
     def split(self, ids: list[int] | None, end_first: int) -> tuple[int | None, int | None, bool | None]:
@@ -480,14 +475,6 @@ def record_failures(
 ) -> set[str]:
     """The ids of the per-record rules row (read with output ids) fails."""
     return _checker(profile, vocab_size, reasoning).failures(row)
-
-
-def reasoning_expected(profile: ModelProfile, chat_template_kwargs: Mapping[str, Any]) -> bool:
-    """Whether replies should hold reasoning: a reasoning profile, thinking not switched off."""
-    if profile.think_end is None:
-        return False
-    kwarg = profile.thinking_kwarg
-    return not (kwarg is not None and chat_template_kwargs.get(kwarg) is False)
 
 
 RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}

@@ -47,6 +47,7 @@ from workbench.errors import DataError
 from workbench.profiles import ModelProfile
 from workbench.rundir.cache import Stamp, cache_key, file_stamp
 from workbench.rundir.columns import Columns, FileScan, Tally, load_cached, save_cached
+from workbench.rundir.figures import FigureStore, figures_path, load_figures
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.records import Block, Row, iter_blocks, paused_gc
 from workbench.rundir.run import RunInfo, load_run
@@ -81,13 +82,16 @@ def scan_run(
     workers: int | None = None,
     cache: bool = True,
     decontaminate: Decontamination | None = None,
+    figures: bool | None = None,
 ) -> RunScan:
     """Read every raw file of run directory `out` once: validation and per-record columns.
 
     The model profile is `model_profile`, else run.json's, else kimi-k2.5. `workers` worker
     processes check large files (default: the CPU count, at most 16; 1 checks in-process).
     With `cache`, each file's scan is kept beside it and only bytes appended since are read
-    (see :mod:`workbench.rundir.columns`). `decontaminate`: the benchmarks whose n-grams
+    (see :mod:`workbench.rundir.columns`); with `figures` (default: `cache`), the reply
+    figures generate kept as it wrote (:mod:`workbench.rundir.figures`) are taken instead of
+    computed again. `decontaminate`: the benchmarks whose n-grams
     are looked for in the replies (each record's ``overlap`` column). The run-level data
     findings (duplicates, contamination: :mod:`workbench.analyze.quality`) join the report.
     DataError/ConfigError for bad input (not a run, unreadable run.json, unknown profile).
@@ -97,13 +101,15 @@ def scan_run(
     profile = run.profile(model_profile)
     workers = workers or _default_workers()
     try:
-        files = [_file(ds.raw_path, _dataset_checker(ds, profile, vocab_size, thresholds),
-                       thresholds, cache, decontaminate)
+        use_figures = cache if figures is None else figures
+        files = [_file(ds, _dataset_checker(ds, profile, vocab_size, thresholds),
+                       thresholds, cache, decontaminate, use_figures)
                  for ds in run.datasets]
         jobs, owners = _plan_jobs(files, workers, decontaminate)
         with _job_runner(jobs, workers) as results:
             prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
-            figures = prompt_figures(run, decontaminate, cache=cache)  # meanwhile too
+            figures = prompt_figures(run, decontaminate, cache=cache,  # meanwhile too
+                                     kept=use_figures)
             scans = _merged(results, owners, files)
         if cache:
             _save(files, scans, owners)
@@ -127,6 +133,7 @@ class _RangeJob:
     checker: RecordChecker
     max_examples: int
     decontaminate: Decontamination | None = None
+    figures: str | None = None  # the reply figures kept by generate, if any
 
 
 def _scan_range(job: _RangeJob) -> FileScan:
@@ -138,6 +145,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
     part = FileScan(Tally(job.max_examples), end_offset=job.start if job.last else job.end)
     blocks = iter_blocks(job.path, offset=job.start, with_output_ids=True,
                          block_bytes=SCAN_BLOCK_BYTES)
+    known = load_figures(Path(job.figures)) if job.figures else None
     with paused_gc():
         for block in blocks:
             if not job.last and block.start_offset >= job.end:
@@ -145,7 +153,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
             lines = block.first_line - 1 + block.lines
             if not job.last and block.end_offset > job.end:
                 lines = block.first_line - 1 + _count_lines(job.path, block.start_offset, job.end)
-            _scan_block(block, lines, job.checker, part, job.decontaminate)
+            _scan_block(block, lines, job.checker, part, job.decontaminate, known)
             part.lines = max(part.lines, lines)
             if job.last:
                 part.end_offset = block.end_offset
@@ -153,7 +161,8 @@ def _scan_range(job: _RangeJob) -> FileScan:
 
 
 def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan,
-                decontaminate: Decontamination | None = None) -> None:
+                decontaminate: Decontamination | None = None,
+                known: FigureStore | None = None) -> None:
     """Tally the block's problems and rows up to line `lines` (a torn line after it too),
     and add the rows' columns."""
     add = part.tally.add
@@ -167,7 +176,7 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
     bad_type = {p.line for p in block.problems if p.kind == "bad_type"}
     rows = [row for row in block.rows if row.line <= lines]
     part.records += len(rows)
-    found, stats = checker._check(rows)
+    found, stats = checker._check(rows, figures=True, known=known)
     for row, problems in zip(rows, found, strict=True):
         if row.layout != "flat":
             add("legacy_layout", row.line, f"{row.layout} layout")
@@ -176,7 +185,8 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
                 add(rule, row.line, detail)
     _add_columns(part.columns, rows, found, stats, checker)
     flat = stats.flat
-    add_quality(part.columns, flat.ids, flat.starts, flat.ends, stats.repeat, stats.special,
+    assert stats.figures is not None
+    add_quality(part.columns, flat.ids, flat.starts, flat.ends, stats.figures, stats.special,
                 decontaminate)
 
 
@@ -269,11 +279,16 @@ class _File(NamedTuple):
     offset: int
     cached: bool
     stamp: Stamp | None
+    figures: str | None
 
 
-def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: bool,
-          decontaminate: Decontamination | None) -> _File:
+def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache: bool,
+          decontaminate: Decontamination | None, use_figures: bool) -> _File:
     """The file with its cached scan (when `cache` and one fits), else an empty one."""
+    path = ds.raw_path
+    think_end = checker.profile.think_end if checker.reasoning else None
+    store = figures_path(ds.folder, think_end, checker.repetition_ngram)
+    kept = str(store) if use_figures and store.is_file() else None
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
     key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples,
@@ -283,8 +298,9 @@ def _file(path: Path, checker: RecordChecker, thresholds: Thresholds, cache: boo
     stamp = file_stamp(path)  # before any read: what a saved scan was read from
     found = load_cached(path, key) if cache else None
     if found is None:
-        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False, stamp)
-    return _File(path, checker, key, found[0], found[1], True, stamp)
+        return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False, stamp,
+                     kept)
+    return _File(path, checker, key, found[0], found[1], True, stamp, kept)
 
 
 def _plan_jobs(files: Sequence[_File], workers: int, decontaminate: Decontamination | None,
@@ -299,7 +315,7 @@ def _plan_jobs(files: Sequence[_File], workers: int, decontaminate: Decontaminat
         for number, (start, end) in enumerate(ranges, start=1):
             last = number == len(ranges)
             jobs.append(_RangeJob(str(file.path), start, end, last, file.checker,
-                                  file.known.tally.max_examples, decontaminate))
+                                  file.known.tally.max_examples, decontaminate, file.figures))
             owners.append(index)
     return jobs, owners
 

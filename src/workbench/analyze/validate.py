@@ -29,12 +29,13 @@ def validate_run(
     workers: int | None = None,
     cache: bool = True,
     decontaminate: Decontamination | None = None,
+    figures: bool | None = None,
 ) -> ValidationReport:
     """The findings of every dataset of run directory `out` (the arguments are
     :func:`~workbench.analyze.scan.scan_run`'s)."""
     return scan_run(out, model_profile=model_profile, thresholds=thresholds, only=only,
                     vocab_size=vocab_size, workers=workers, cache=cache,
-                    decontaminate=decontaminate).report
+                    decontaminate=decontaminate, figures=figures).report
 
 
 def format_report(report: ValidationReport) -> str:

@@ -52,6 +52,7 @@ from typing import Any
 
 import msgspec
 
+from workbench import sketch
 from workbench.config import Manifest
 from workbench.errors import ConnectionLost, RequestFailed, RequestTimeout, StorageError
 from workbench.generate.budget import BudgetProjection
@@ -69,6 +70,8 @@ from workbench.generate.progress import DatasetProgress, RunSummary
 from workbench.generate.prompts import Prompt
 from workbench.generate.watchdog import Detection, RunCounts, Watchdog, WatchdogSettings
 from workbench.generate.writer import RunWriter
+from workbench.profiles import get_profile, reasoning_expected
+from workbench.rundir.figures import FigureAppender, PromptFigureKeeper
 from workbench.rundir.manifest import with_events, with_session, write_manifest
 from workbench.rundir.records import ErrorRecord, JsonlAppender, Record
 from workbench.server.client import (
@@ -107,6 +110,7 @@ class _Dataset:
     raw: JsonlAppender
     errors: JsonlAppender
     budget: BudgetProjection
+    figures: FigureAppender  # the replies' data-quality figures, kept for validate
 
     @property
     def name(self) -> str:
@@ -119,6 +123,7 @@ class _Dataset:
     def close(self) -> None:
         self.raw.close()
         self.errors.close()
+        self.figures.close()
 
 
 MAX_CONNECTION_LOSSES = 20  # lost connections a prompt may take without spending attempts
@@ -167,6 +172,7 @@ class Runner:
         self._producers: list[asyncio.Task[None]] = []
         self._aborts: set[asyncio.Task[bool]] = set()
         self._manifest_failed = False
+        self._prompt_figures: PromptFigureKeeper | None = None
         self._sent = False  # a request was sent in this session
         self._session = time.time()
         self.on_watchdog = on_watchdog  # every detection (e.g. to restart a stalled server)
@@ -190,11 +196,17 @@ class Runner:
 
     def open(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
         """Prepare the dataset folders, write run.json and open the appenders (after load)."""
+        profile = get_profile(self.plan.manifest.model_profile)
         for planned in self.plan.open():
             folder = planned.folder
+            reasoning = reasoning_expected(profile, planned.spec.chat_template_kwargs)
+            figures = FigureAppender(folder.folder, profile.think_end if reasoning else None,
+                                     sketch.DEFAULT_REPEAT_NGRAM)
             self.datasets[planned.spec.name] = _Dataset(
                 planned, JsonlAppender(folder.raw_path), JsonlAppender(folder.errors_path),
-                BudgetProjection(planned.sampling.max_new_tokens))
+                BudgetProjection(planned.sampling.max_new_tokens), figures)
+        self._prompt_figures = PromptFigureKeeper(  # for validate, while the replies come
+            [ds.planned.folder.prompts_path for ds in self.datasets.values()])
         self._server = ServerFacts(redact_url(self.client.base_url),
                                    model_name(server_info, model_info), server_info, model_info)
         self._write_manifest()
@@ -568,7 +580,12 @@ class Runner:
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
         tokens = result.completion_tokens
-        self.writer.write(ds.raw, record, on_written=lambda: ds.progress.count_done(tokens))
+
+        def written() -> None:
+            ds.progress.count_done(tokens)
+            ds.figures.add(record.output_ids)
+
+        self.writer.write(ds.raw, record, on_written=written)
 
     def _prompt_mismatch(self, ds: _Dataset, sample_id: int | str, sent: int,
                          counted: int) -> None:
@@ -602,6 +619,8 @@ class Runner:
             self.on_progress(self)
 
     def _close(self) -> None:
+        if self._prompt_figures is not None:
+            self._prompt_figures.close()
         now = time.perf_counter()
         for ds in self.datasets.values():
             if ds.progress.finished is None and (not ds.planned.pending or ds.progress.budget_reached):

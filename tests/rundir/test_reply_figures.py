@@ -1,0 +1,195 @@
+"""The reply figures generate keeps as it writes: equal to what validate computes, found by
+content (an edited reply is computed again), and never a reason for a run to fail."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from conftest import EXAMPLES, generate_run
+
+from workbench import sketch
+from workbench.analyze.scan import scan_run
+from workbench.profiles import get_profile
+from workbench.rundir.figures import (
+    ENTRY,
+    FigureAppender,
+    figures_path,
+    load_figures,
+    reply_figures,
+)
+from workbench.rundir.layout import RAW_FILE
+
+KIMI = get_profile("kimi-k2.5")
+TE = KIMI.think_end
+assert TE is not None
+
+
+def replies(count: int, seed: int = 0) -> list[list[int]]:
+    """Replies of random ids, some with a loop, most with a think-end id somewhere."""
+    rng = random.Random(seed)
+    out = []
+    for index in range(count):
+        body = [rng.randrange(0, 3000) for _ in range(rng.randrange(1, 600))]
+        if index % 3 == 0:
+            body = body[:40] + [7, 8, 9, 10, 11, 12, 13] * rng.randrange(5, 40) + body[40:]
+        if index % 4:
+            body.insert(rng.randrange(0, len(body)), TE)
+        out.append(body)
+    return out
+
+
+def flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    ids = np.array([i for r in rows for i in r], dtype=np.int64)
+    split = np.array([r.index(TE) if TE in r else -1 for r in rows], dtype=np.int64)
+    return ids, starts, ends, split
+
+
+def test_kept_figures_equal_the_computed_ones_and_are_found_by_content(tmp_path: Path) -> None:
+    rows = replies(150)
+    appender = FigureAppender(tmp_path, TE, 10, batch=32)
+    for row in rows:
+        appender.add(row)
+    appender.close()
+    assert appender.failed is None
+    store = load_figures(appender.path)
+    assert store is not None and len(store) == len(rows)
+    ids, starts, ends, split = flat(rows)
+    computed = reply_figures(ids, starts, ends, split, 10)
+    kept = reply_figures(ids, starts, ends, split, 10, known=store)
+    assert (computed.repeat[::3] > 0.05).all()  # the loops are there, and scored
+    assert (computed.repeat[1::3] == 0).mean() > 0.9
+    np.testing.assert_array_equal(kept.digest, computed.digest)
+    np.testing.assert_array_equal(kept.repeat, computed.repeat)
+    np.testing.assert_array_equal(kept.signature, computed.signature)
+    # the scan's own computation, row by row, gives the same shares
+    one = sketch.split_repeat_share(ids, starts[:1], ends[:1], split[:1], 10)
+    assert one[0] == computed.repeat[0]
+
+
+def test_a_kept_entry_is_what_the_scan_takes_and_an_unknown_reply_is_computed(tmp_path: Path) -> None:
+    rows = replies(4, seed=3)
+    ids, starts, ends, split = flat(rows)
+    computed = reply_figures(ids, starts, ends, split, 10)
+    entries = np.zeros(1, dtype=ENTRY)  # an entry for row 1's content, with figures of its own
+    entries["digest"] = computed.digest[1]
+    entries["repeat"] = 0.625
+    entries["signature"] = 7
+    path = figures_path(tmp_path, TE, 10)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(entries.tobytes() + b"\0" * 11)  # and a torn entry after it
+    store = load_figures(path)
+    assert store is not None and len(store) == 1
+    kept = reply_figures(ids, starts, ends, split, 10, known=store)
+    assert kept.repeat[1] == 0.625 and (kept.signature[1] == 7).all()
+    for row in (0, 2, 3):
+        assert kept.repeat[row] == computed.repeat[row]
+        np.testing.assert_array_equal(kept.signature[row], computed.signature[row])
+
+
+def test_a_torn_last_entry_is_cut_before_more_are_appended(tmp_path: Path) -> None:
+    rows = replies(10, seed=4)
+    path = figures_path(tmp_path, TE, 10)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\1" * (ENTRY.itemsize // 2))  # a crash mid-write
+    appender = FigureAppender(tmp_path, TE, 10, batch=4)
+    for row in rows:
+        appender.add(row)
+    appender.close()
+    assert path.stat().st_size == len(rows) * ENTRY.itemsize
+    store = load_figures(path)
+    assert store is not None
+    ids, starts, ends, split = flat(rows)
+    assert (store.find(reply_figures(ids, starts, ends, split, 10).digest) >= 0).all()
+
+
+def test_a_full_disk_stops_the_figures_not_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    appender = FigureAppender(tmp_path, None, 10, batch=2)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full(fd: int, data: bytes) -> int:
+        if fd == appender._fd:
+            calls["n"] += 1
+            if calls["n"] > 1:  # the first batch goes down, the next one half, then no space
+                real_write(fd, bytes(data)[:100])
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    for row in replies(8, seed=5):
+        appender.add(row)  # never raises
+    appender.close()
+    assert appender.failed is not None and "No space left" in appender.failed
+    assert appender.path.stat().st_size == 2 * ENTRY.itemsize  # the half entry cut back
+
+
+def test_generate_keeps_the_figures_and_validate_reads_the_same_with_or_without_them(
+    tmp_path: Path,
+) -> None:
+    out = generate_run(tmp_path, [
+        {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
+         "max_samples": 40, "chat_template_kwargs": {"thinking": True}},
+        {"name": "plain", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
+         "max_samples": 20, "chat_template_kwargs": {"thinking": False}},
+    ])
+    for name, think_end in (("chat", TE), ("plain", None)):
+        store = load_figures(figures_path(out / name, think_end, 10))
+        records = (out / name / RAW_FILE).read_text().splitlines()
+        assert store is not None and len(store) == len(records), name
+    # an edited reply (same length on disk) is not taken from the store
+    raw = out / "chat" / RAW_FILE
+    lines = raw.read_bytes().splitlines(keepends=True)
+    edited = json.loads(lines[3])
+    ids = edited["output_ids"]
+    ids[5:5 + 30] = [ids[5]] * 30  # now a loop
+    lines[3] = msgspec.json.encode(edited) + b"\n"
+    raw.write_bytes(b"".join(lines))
+    with_store = scan_run(out, cache=False, figures=True, workers=1)
+    without = scan_run(out, cache=False, figures=False, workers=1)
+    for name in ("chat", "plain"):
+        a, b = with_store.files[name].columns, without.files[name].columns
+        assert a.repeat_share == b.repeat_share and a.digest == b.digest
+        assert a.signature == b.signature and a.failed == b.failed
+    assert with_store.report == without.report
+    assert with_store.files["chat"].columns.repeat_share[3] > 0.05
+
+
+def test_validate_takes_the_kept_figures_instead_of_computing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = generate_run(tmp_path, [
+        {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
+         "max_samples": 24, "chat_template_kwargs": {"thinking": True}},
+    ])
+    computed: list[int] = []
+    original = sketch.split_repeat_share
+
+    def counting(ids: np.ndarray, starts: np.ndarray, *args: object) -> np.ndarray:
+        computed.append(len(starts))
+        return original(ids, starts, *args)  # type: ignore[arg-type]
+
+    signed: list[int] = []
+    signatures = sketch.signatures
+
+    def counting_signatures(ids: np.ndarray, starts: np.ndarray, *args: object,
+                            **kwargs: object) -> np.ndarray:
+        signed.append(len(starts))
+        return signatures(ids, starts, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sketch, "split_repeat_share", counting)
+    monkeypatch.setattr(sketch, "signatures", counting_signatures)
+    kept = scan_run(out, cache=False, figures=True, workers=1)
+    assert sum(computed) == 0 and sum(signed) == 0  # replies' and prompts' figures taken
+    again = scan_run(out, cache=False, figures=False, workers=1)
+    assert sum(computed) == 24 and sum(signed) == 48  # computed: 24 replies, 24 prompts
+    assert kept.report == again.report
