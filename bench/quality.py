@@ -47,8 +47,8 @@ from workbench import sketch
 from workbench.analyze.quality import Decontamination
 from workbench.analyze.validate import validate_run
 from workbench.profiles import get_profile
-from workbench.rundir.figures import FigureAppender, ReplyFigures, figures_path, prompt_figures
-from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
+from workbench.rundir.figures import FigureAppender, ReplyFigures, prompt_rows
+from workbench.rundir.layout import CACHE_DIR, PROMPTS_FILE, RAW_FILE
 from workbench.rundir.records import PromptRecord, encode_line, iter_blocks
 from workbench.tokenizer import load_tokenizer
 
@@ -70,7 +70,7 @@ def quality_off() -> Iterator[None]:
                             np.zeros((count, 1), dtype=np.uint16))
 
     def no_columns(columns: Any, ids: Any, starts: Any, ends: Any, figures: ReplyFigures,
-                   special: list[int], decontaminate: Any) -> None:
+                   special: list[int], *args: Any) -> None:
         count = len(starts)
         columns.repeat_share.extend([0.0] * count)
         columns.special_ids.extend(special)
@@ -111,37 +111,42 @@ def add_prompts(run: Path, records: list[Any]) -> None:
                        for r in records)
 
 
-def add_records(run: Path, records: list[Any]) -> None:
-    """The records appended to raw_responses.jsonl, and their figures to the store, as
+def add_records(run: Path, records: list[Any], decontaminate: Decontamination | None) -> None:
+    """The records appended to raw_responses.jsonl, and their figures to the stores, as
     generate writes them."""
     with open(run / DATASET / RAW_FILE, "ab") as out:
         out.writelines(encode_line(record) for record in records)
-    keep_reply_figures(run, (record.output_ids for record in records))
+    keep_reply_figures(run, [record.output_ids for record in records], decontaminate)
 
 
-def keep_reply_figures(run: Path, replies: Iterable[list[int] | None]) -> None:
-    """What generate does as it writes each record: its figures appended to the store."""
-    appender = FigureAppender(run / DATASET, THINK_END, sketch.DEFAULT_REPEAT_NGRAM)
+def keep_reply_figures(run: Path, replies: Iterable[list[int] | None],
+                       decontaminate: Decontamination | None) -> None:
+    """What generate does as it writes each record: its figures appended to the stores."""
+    appender = FigureAppender(run / DATASET, THINK_END, sketch.DEFAULT_REPEAT_NGRAM,
+                              decontaminate=decontaminate)
     for ids in replies:
         appender.add(ids)
     appender.close()
 
 
-def kept_by_generate(run: Path) -> tuple[float, float, int]:
-    """The run's figures kept as generate keeps them (the reply store, the prompts' figures),
-    from scratch: (seconds for the replies' figures, for the prompts', records). The replies'
-    are timed on ids already in memory, as generate has them."""
-    store = figures_path(run / DATASET, THINK_END, sketch.DEFAULT_REPEAT_NGRAM)
-    store.unlink(missing_ok=True)
+def kept_by_generate(run: Path, decontaminate: Decontamination | None) -> tuple[float, float, int]:
+    """The run's figures (and overlaps with `decontaminate`'s benchmarks) kept as generate
+    keeps them, from scratch: (seconds for the replies', for the prompts', records). The
+    replies' are timed on ids already in memory, as generate has them."""
+    for kept in (run / DATASET / CACHE_DIR).glob("*"):
+        if kept.name.startswith(("reply-", "prompt-")):
+            kept.unlink()
     replies = [row.output_ids for block in iter_blocks(str(run / DATASET / RAW_FILE),
                                                        with_output_ids=True)
                for row in block.rows]
-    replies_seconds = best_seconds(lambda: keep_reply_figures(run, replies), 1)
-    prompts_seconds = best_seconds(lambda: prompt_figures(run / DATASET / PROMPTS_FILE), 1)
+    replies_seconds = best_seconds(lambda: keep_reply_figures(run, replies, decontaminate), 1)
+    prompts_seconds = best_seconds(
+        lambda: prompt_rows(run / DATASET / PROMPTS_FILE, decontaminate), 1)
     return replies_seconds, prompts_seconds, len(replies)
 
 
-def timed_growth(run: Path, share: float, action: Callable[[Path], object]) -> float:
+def timed_growth(run: Path, share: float, action: Callable[[Path], object],
+                 decontaminate: Decontamination | None = None) -> float:
     """Seconds of `action` on a copy of the run grown by `share` more records, its scan
     cached before. As on a real job, prompts.jsonl holds their prompts from the start
     (generate writes it whole before it sends anything): only the replies grow."""
@@ -151,7 +156,7 @@ def timed_growth(run: Path, share: float, action: Callable[[Path], object]) -> f
         records = grown_records(copy, share)
         add_prompts(copy, records)
         action(copy)  # cached
-        add_records(copy, records)
+        add_records(copy, records, decontaminate)
         return best_seconds(lambda: action(copy), 1)
 
 
@@ -170,10 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"run: {run} ({megabytes:.0f} MB, {report.datasets[DATASET].records:,} records, "
           f"{os.cpu_count()} CPUs)")
     print("findings: " + ", ".join(f"{f.rule} {f.count}" for f in report.datasets[DATASET].findings))
-    replies_seconds, prompts_seconds, records = kept_by_generate(run)
-    print(f"kept by generate: the replies' figures {replies_seconds:.2f} s "
-          f"({replies_seconds / records * 1e6:.0f} us a record, in its writer's thread), the "
-          f"prompts' {prompts_seconds:.2f} s (a thread, once prompts.jsonl is written)")
+    for label, given in (("", None), (" and overlaps", benchmarks)):
+        replies_seconds, prompts_seconds, records = kept_by_generate(run, given)
+        print(f"kept by generate, figures{label}: replies {replies_seconds:.2f} s "
+              f"({replies_seconds / records * 1e6:.0f} us a record, in the writer's thread), "
+              f"prompts {prompts_seconds:.2f} s (a thread, once prompts.jsonl is written)")
 
     def check(decontaminate: Decontamination | None = None, cache: bool = False,
               figures: bool = False) -> Callable[[Path], object]:
@@ -189,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [("validate alone", alone, alone, alone_grown)]
     for label, decontaminate in (("+ dedup, loops", None), ("+ contamination", benchmarks)):
         rows.append((label, first(decontaminate, False), first(decontaminate, True),
-                     timed_growth(run, args.grow, check(decontaminate, cache=True, figures=True))))
+                     timed_growth(run, args.grow, check(decontaminate, cache=True, figures=True),
+                                  decontaminate)))
     print(f"{'':<18} {'first read':>11} {'x alone':>8} {'kept':>8} {'x alone':>8} "
           f"{'grown ' + format(args.grow, '.0%'):>9} {'x alone':>8}")
     for label, cold, kept, grown in rows:

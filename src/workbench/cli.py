@@ -235,6 +235,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="--launch: restarts of the server before the run stops (3)")
     p.add_argument("--restart-backoff", type=_positive_float, default=10.0, metavar="SECONDS",
                    help="--launch: wait before the first restart, doubling after each (10)")
+    _add_decontaminate(p, "keep each record's overlap with these benchmark files (JSONL or "
+                          "Parquet) as it is written, for validate, reports and export "
+                          "--decontaminate with the same files")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -255,7 +258,8 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
         progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
-        disk_wait=args.disk_wait, gpus=args.gpus,
+        disk_wait=args.disk_wait, gpus=args.gpus, decontaminate=tuple(args.decontaminate),
+        benchmark_field=args.benchmark_field, ngram=args.ngram,
     )
 
 
@@ -377,10 +381,11 @@ def _add_near_threshold(p: argparse.ArgumentParser) -> None:
                         "(0.5; prompts: 0.9)")
 
 
-def _add_decontaminate(p: argparse.ArgumentParser) -> None:
+def _add_decontaminate(p: argparse.ArgumentParser, what: str | None = None) -> None:
     p.add_argument("--decontaminate", type=_csv, metavar="FILE,...", default=(),
-                   help="comma-separated benchmark files (JSONL or Parquet) to look for in the "
-                        "prompts and replies: an n-gram of normalised words in common flags a record")
+                   help=what or "comma-separated benchmark files (JSONL or Parquet) to look for in "
+                                "the prompts and replies: an n-gram of normalised words in "
+                                "common flags a record")
     p.add_argument("--benchmark-field", metavar="FIELD",
                    help="the benchmark files' prompt field (default: the first of prompt, "
                         "question, problem, instruction, input, text, turns)")

@@ -12,7 +12,7 @@ import msgspec
 
 from workbench.errors import ConfigError
 
-__all__ = ["ModelProfile", "PROFILES", "get_profile", "reasoning_expected"]
+__all__ = ["PROFILES", "ModelProfile", "get_profile", "reasoning_expected"]
 
 
 class ModelProfile(msgspec.Struct, frozen=True):

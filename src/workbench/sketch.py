@@ -15,6 +15,7 @@ and works with a few numpy passes over the whole block, never a Python loop over
     word_hashes        a stable 64-bit hash of each normalised word of a text
     PieceDecoder       a tokenizer's ids to the hashes of their normalised words, rows at once
     Benchmarks         benchmark prompts' word n-grams, and which benchmarks each row quotes
+    Decontamination    benchmarks with the decoder of a run's ids: which each row of ids quotes
 
 Every hash is a fixed function of the values (splitmix64 mixing with constant seeds, a
 polynomial over the UTF-8 bytes of a word), never Python's salted ``hash()``: signatures and
@@ -27,6 +28,7 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import string
 import sys
 import unicodedata
@@ -48,6 +50,7 @@ __all__ = [
     "PROMPT_FIELDS",
     "Benchmark",
     "Benchmarks",
+    "Decontamination",
     "PieceDecoder",
     "clipped",
     "digest",
@@ -937,3 +940,43 @@ def _prompt_text(value: object) -> str | None:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "\n".join(value)
     return None
+
+
+@dataclass(frozen=True)
+class Decontamination:
+    """Benchmarks to look for in a run, and the decoder of its ids into words."""
+
+    benchmarks: Benchmarks
+    decoder: PieceDecoder | None
+
+    @property
+    def key(self) -> str:
+        """The benchmarks' digest and the decoder's (another tokenizer reads other words)."""
+        return f"{self.benchmarks.digest}:{self.decoder.digest if self.decoder else 'no-ids'}"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.benchmarks.names)
+
+    @classmethod
+    def load(cls, paths: Sequence[str | os.PathLike[str]], *, field: str | None = None,
+             ngram: int = 13, tokenizer: Any = None) -> Decontamination:
+        """The benchmark files (JSONL or Parquet; DataError naming a bad file and line) and
+        the tokenizer that decodes the run's ids (None: ids are not looked at)."""
+        benchmarks = Benchmarks.load([Path(p) for p in paths], field, n=ngram)
+        return cls(benchmarks, None if tokenizer is None else PieceDecoder(tokenizer))
+
+    def id_overlaps(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Per row of ids, the bit mask of the benchmarks it overlaps (0 without a decoder)."""
+        if self.decoder is None or not len(starts):
+            return np.zeros(len(starts), dtype=np.int64)
+        words, word_starts, word_ends = self.decoder.words(ids, starts, ends)
+        return self.benchmarks.overlaps(words, word_starts, word_ends)
+
+    def text_overlaps(self, texts: Sequence[str]) -> np.ndarray:
+        """Per text, the bit mask of the benchmarks it overlaps."""
+        words, starts, ends = _hash_word_rows([normalise_words(text) for text in texts])
+        return self.benchmarks.overlaps(words, starts, ends)
+
+    def describe(self, mask: int) -> str:
+        return ", ".join(name for bit, name in enumerate(self.names) if mask >> bit & 1)

@@ -12,19 +12,25 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
-from conftest import EXAMPLES, generate_run
+from conftest import EXAMPLES, generate_run, workbench, write_manifest
 
 from workbench import sketch
 from workbench.analyze.scan import scan_run
+from workbench.demo import start_simulator
 from workbench.profiles import get_profile
 from workbench.rundir.figures import (
     ENTRY,
+    OVERLAP_ENTRY,
     FigureAppender,
     figures_path,
     load_figures,
+    overlaps_path,
     reply_figures,
+    reply_overlaps,
 )
 from workbench.rundir.layout import RAW_FILE
+from workbench.sketch import Decontamination
+from workbench.tokenizer import load_tokenizer
 
 KIMI = get_profile("kimi-k2.5")
 TE = KIMI.think_end
@@ -118,7 +124,7 @@ def test_a_full_disk_stops_the_figures_not_the_run(tmp_path: Path, monkeypatch: 
     calls = {"n": 0}
 
     def full(fd: int, data: bytes) -> int:
-        if fd == appender._fd:
+        if fd == appender._figures._fd:
             calls["n"] += 1
             if calls["n"] > 1:  # the first batch goes down, the next one half, then no space
                 real_write(fd, bytes(data)[:100])
@@ -193,3 +199,83 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
     again = scan_run(out, cache=False, figures=False, workers=1)
     assert sum(computed) == 24 and sum(signed) == 48  # computed: 24 replies, 24 prompts
     assert kept.report == again.report
+
+
+BENCH = EXAMPLES / "benchmarks" / "tiny_bench.jsonl"
+QUOTED = ("some recent order sends a special service after that current city. The company "
+          "includes a bad team now.")  # tiny_bench's tb-3, in words the example tokenizer knows
+
+
+def text_prompts(folder: Path, count: int) -> Path:
+    """Text prompts of words the example tokenizer knows; every fourth quotes tiny_bench."""
+    rng = random.Random(11)
+    words = QUOTED.replace(".", "").split()
+    path = folder / "texts.jsonl"
+    with open(path, "w") as out:
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(30))
+            out.write(json.dumps({"sample_id": i, "text": f"{QUOTED} {text}" if i % 4 == 0
+                                  else text}) + "\n")
+    return path
+
+
+def test_generate_keeps_the_overlaps_with_its_benchmarks_and_validate_takes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest = write_manifest(tmp_path, [{"name": "t", "path": str(text_prompts(tmp_path, 16)),
+                                          "input": "text", "max_samples": 16}])
+    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "random_seed": 0})
+    try:
+        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
+                         "--out", str(tmp_path / "out"), "--decontaminate", str(BENCH))
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out"
+    decontaminate = Decontamination.load([BENCH], tokenizer=load_tokenizer(EXAMPLES / "tokenizer"))
+    store = load_figures(overlaps_path(out / "t", decontaminate), OVERLAP_ENTRY)
+    assert store is not None and len(store) == 16
+    words: list[int] = []
+    original = sketch.PieceDecoder.words
+
+    def counting(self: sketch.PieceDecoder, ids: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        words.append(len(starts))
+        return original(self, ids, starts, ends)
+
+    monkeypatch.setattr(sketch.PieceDecoder, "words", counting)
+    kept = scan_run(out, cache=False, figures=True, workers=1, decontaminate=decontaminate)
+    assert sum(words) == 0  # neither the replies' nor the prompts' ids read as words again
+    again = scan_run(out, cache=False, figures=False, workers=1, decontaminate=decontaminate)
+    assert sum(words) >= 16
+    assert kept.report == again.report
+    assert kept.files["t"].columns.overlap == again.files["t"].columns.overlap
+    found = {f.rule: f.count for f in kept.report.datasets["t"].findings}
+    assert found.get("contaminated_prompt") == 4  # samples 0, 4, 8 and 12 quote tb-3
+
+
+def test_a_kept_overlap_is_what_the_scan_takes(tmp_path: Path) -> None:
+    decontaminate = Decontamination.load([BENCH], tokenizer=load_tokenizer(EXAMPLES / "tokenizer"))
+    rows = replies(3, seed=8)
+    ids, starts, ends, _ = flat(rows)
+    digest = sketch.digest(ids, starts, ends)
+    entries = np.zeros(1, dtype=OVERLAP_ENTRY)
+    entries["digest"], entries["overlap"] = digest[2], 0b101
+    path = overlaps_path(tmp_path, decontaminate)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(entries.tobytes())
+    store = load_figures(path, OVERLAP_ENTRY)
+    taken = reply_overlaps(ids, starts, ends, digest, decontaminate, store)
+    assert taken.tolist() == [0, 0, 0b101]  # random ids quote nothing; row 2's entry is taken
+
+
+def test_generate_names_a_bad_benchmark_line_before_sending(tmp_path: Path) -> None:
+    bad = tmp_path / "bench.jsonl"
+    bad.write_text('{"question": "fine"}\n{"question": \n')
+    manifest = write_manifest(tmp_path, [{"name": "t", "path": str(text_prompts(tmp_path, 4)),
+                                          "input": "text"}])
+    done = workbench("generate", "--datasets", str(manifest), "--server", "http://127.0.0.1:9",
+                     "--out", str(tmp_path / "out"), "--decontaminate", str(bad))
+    assert done.returncode == 2
+    assert f"{bad}:2" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "t" / RAW_FILE).exists()

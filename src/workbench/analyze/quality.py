@@ -34,13 +34,9 @@ again; a prompts file's benchmark overlaps are kept beside it while it is unchan
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
-import msgspec
 import numpy as np
 
 from workbench import sketch
@@ -50,24 +46,22 @@ from workbench.errors import ConfigError, DataError
 from workbench.rundir.cache import (
     cache_key,
     file_stamp,
-    load_appended,
     load_keyed,
-    save_appended,
     save_keyed,
 )
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.figures import (
     SIGNATURE_DTYPE,
-    PromptFigures,
+    FigureStore,
+    PromptRows,
     ReplyFigures,
-    chosen_prompts,
-    concat,
-    prompt_contents,
+    prompt_rows,
+    reply_overlaps,
 )
-from workbench.rundir.figures import prompt_figures as kept_prompt_figures
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
-from workbench.rundir.records import PromptContents, SampleId, iter_prompt_contents
+from workbench.rundir.records import SampleId
 from workbench.rundir.run import RunInfo
+from workbench.sketch import Decontamination
 from workbench.tokenizer import load_tokenizer
 
 __all__ = [
@@ -90,46 +84,6 @@ DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
 
 MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their prompts differ
 
-
-
-@dataclass(frozen=True)
-class Decontamination:
-    """Benchmarks to look for in a run, and the decoder of its ids into words."""
-
-    benchmarks: sketch.Benchmarks
-    decoder: sketch.PieceDecoder | None
-
-    @property
-    def key(self) -> str:
-        """The benchmarks' digest and the decoder's (another tokenizer reads other words)."""
-        return f"{self.benchmarks.digest}:{self.decoder.digest if self.decoder else 'no-ids'}"
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.benchmarks.names)
-
-    @classmethod
-    def load(cls, paths: Sequence[str | os.PathLike[str]], *, field: str | None = None,
-             ngram: int = 13, tokenizer: Any = None) -> Decontamination:
-        """The benchmark files (JSONL or Parquet; DataError naming a bad file and line) and
-        the tokenizer that decodes the run's ids (None: ids are not looked at)."""
-        benchmarks = sketch.Benchmarks.load([Path(p) for p in paths], field, n=ngram)
-        return cls(benchmarks, None if tokenizer is None else sketch.PieceDecoder(tokenizer))
-
-    def id_overlaps(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Per row of ids, the bit mask of the benchmarks it overlaps (0 without a decoder)."""
-        if self.decoder is None or not len(starts):
-            return np.zeros(len(starts), dtype=np.int64)
-        words, word_starts, word_ends = self.decoder.words(ids, starts, ends)
-        return self.benchmarks.overlaps(words, word_starts, word_ends)
-
-    def text_overlaps(self, texts: Sequence[str]) -> np.ndarray:
-        """Per text, the bit mask of the benchmarks it overlaps."""
-        words, starts, ends = concat([sketch.word_hashes(text) for text in texts])
-        return self.benchmarks.overlaps(words, starts, ends)
-
-    def describe(self, mask: int) -> str:
-        return ", ".join(name for bit, name in enumerate(self.names) if mask >> bit & 1)
 
 
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -159,9 +113,10 @@ def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code:
 
 def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                 figures: ReplyFigures, special: list[int],
-                decontaminate: Decontamination | None) -> None:
+                decontaminate: Decontamination | None,
+                overlaps: FigureStore | None = None) -> None:
     """Append the quality columns of a batch of rows (row i holds ids[starts[i]:ends[i]]):
-    their figures, special ids and benchmark overlaps."""
+    their figures, special ids and benchmark overlaps (those `overlaps` holds taken from it)."""
     columns.repeat_share.extend(figures.repeat.tolist())
     columns.special_ids.extend(special)
     if not len(starts):
@@ -169,7 +124,7 @@ def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.
     columns.digest.extend(figures.digest.tolist())
     columns.signature.extend(row.tobytes() for row in figures.signature)
     overlap = (np.zeros(len(starts), dtype=np.int64) if decontaminate is None
-               else decontaminate.id_overlaps(ids, starts, sketch.clipped(starts, ends)))
+               else reply_overlaps(ids, starts, ends, figures.digest, decontaminate, overlaps))
     columns.overlap.extend(overlap.tolist())
 
 
@@ -183,23 +138,6 @@ class _Rows(NamedTuple):
     digest: np.ndarray
     signature: np.ndarray
     overlap: np.ndarray
-
-
-class PromptRows(NamedTuple):
-    """What the quality rules read of a prompts file: its figures, and per figure row the bit
-    mask of the benchmarks the prompt overlaps (zeros without benchmarks)."""
-
-    figures: PromptFigures
-    overlap: list[int]
-
-
-class _Overlaps(msgspec.Struct):
-    """The overlaps of a prompts file's rows as kept: their sample ids, masks and the lines
-    read."""
-
-    sample_id: list[SampleId] = msgspec.field(default_factory=list)
-    overlap: list[int] = msgspec.field(default_factory=list)
-    lines: int = 0
 
 
 def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
@@ -372,40 +310,12 @@ def prompt_figures(run: RunInfo, decontaminate: Decontamination | None = None, *
                    cache: bool = True, kept: bool | None = None) -> dict[str, PromptRows]:
     """The figures of each dataset's prompts.jsonl (those without one left out), and their
     benchmark overlaps: read while the scan's workers read the replies, on a machine with
-    cores to spare. Generate keeps the figures as it writes the file (`kept`, default
-    `cache`: taken from there); only the overlaps, when asked for, read its ids again."""
+    cores to spare. Generate keeps them as it writes the file (the overlaps when it was given
+    the benchmarks); with `kept` (default `cache`) those kept are taken, and what is read
+    is kept in turn."""
     kept = cache if kept is None else kept
-    return {ds.name: _prompt_file(ds.prompts_path, decontaminate, cache, kept)
+    return {ds.name: prompt_rows(ds.prompts_path, decontaminate, kept)
             for ds in run.datasets if ds.prompts_path.is_file()}
-
-
-def _prompt_file(path: Path, decontaminate: Decontamination | None, cache: bool,
-                 kept: bool) -> PromptRows:
-    if decontaminate is None:
-        figures = kept_prompt_figures(path, kept)
-        return PromptRows(figures, [0] * len(figures.line))
-    key = cache_key("quality-prompt-overlaps", QUALITY_VERSION, decontaminate.key)
-    found = load_appended(path, "quality-overlaps", key, _Overlaps) if cache else None
-    if found is None:  # the overlaps read with the figures, when those are read too
-        stamp = file_stamp(path)
-        overlaps = _Overlaps()
-        ends = [0]
-
-        def also(block: PromptContents, chosen: list[int]) -> None:
-            _add_overlaps(overlaps, block, chosen, decontaminate)
-            ends[0] = block.end_offset
-
-        figures = kept_prompt_figures(path, kept, also=also)
-        if (overlaps.lines, len(overlaps.overlap)) == (figures.lines, len(figures.line)):
-            # the figures were read from the start: the overlaps are whole
-            if cache and ends[0]:
-                save_appended(path, "quality-overlaps", key, overlaps, ends[0], stamp)
-            return PromptRows(figures, overlaps.overlap)
-        found = (_Overlaps(), 0)
-    else:
-        figures = kept_prompt_figures(path, kept)
-    return PromptRows(figures, _overlaps(path, len(figures.line), decontaminate, key, found,
-                                         cache))
 
 
 def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptRows]) -> _Rows:
@@ -417,44 +327,3 @@ def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptRows]) -> _Rows:
             keep = np.arange(len(kept.line), dtype=np.int64)
             parts.append((ds.name, kept, keep, kept.digest, kept.signature, found.overlap))
     return _gather(parts)
-
-
-def _overlaps(path: Path, rows: int, decontaminate: Decontamination, key: str,
-              found: tuple[_Overlaps, int], cache: bool) -> list[int]:
-    """The benchmark masks of the `rows` first figure rows of prompts file path: those kept
-    (`found`: what was, and the offset read to), and those of the lines after."""
-    known, offset = found
-    stamp = file_stamp(path)
-    end = offset
-    seen = set(known.sample_id)
-    for block in iter_prompt_contents(path, offset=offset, first_line=known.lines + 1):
-        _add_overlaps(known, block, chosen_prompts(block, seen), decontaminate)
-        end = block.end_offset
-    if cache and end > offset:
-        save_appended(path, "quality-overlaps", key, known, end, stamp)
-    return (known.overlap + [0] * rows)[:rows]  # a file grown between the two reads
-
-
-def _add_overlaps(overlaps: _Overlaps, block: PromptContents, chosen: list[int],
-                  decontaminate: Decontamination) -> None:
-    overlaps.sample_id.extend(block.sample_ids[i] for i in chosen)
-    overlaps.overlap.extend(_block_overlaps(block, chosen, decontaminate).tolist())
-    overlaps.lines = block.next_line - 1
-
-
-def _block_overlaps(block: PromptContents, chosen: list[int],
-                    decontaminate: Decontamination) -> np.ndarray:
-    """Per chosen prompt, the bit mask of the benchmarks it overlaps: its ids read as words,
-    or its text's words."""
-    overlap = np.zeros(len(chosen), dtype=np.int64)
-    if not chosen:
-        return overlap
-    with_ids = np.fromiter((block.has_ids[i] for i in chosen), dtype=bool, count=len(chosen))
-    if with_ids.any():
-        flat, starts, ends = concat(prompt_contents(block, [i for i in chosen if block.has_ids[i]]))
-        overlap[with_ids] = decontaminate.id_overlaps(flat.view(np.int64), starts,
-                                                      sketch.clipped(starts, ends))
-    texts = np.flatnonzero(~with_ids)
-    if len(texts):
-        overlap[texts] = decontaminate.text_overlaps([block.texts[chosen[i]] or "" for i in texts])
-    return overlap

@@ -47,7 +47,13 @@ from workbench.errors import DataError
 from workbench.profiles import ModelProfile
 from workbench.rundir.cache import Stamp, cache_key, file_stamp
 from workbench.rundir.columns import Columns, FileScan, Tally, load_cached, save_cached
-from workbench.rundir.figures import FigureStore, figures_path, load_figures
+from workbench.rundir.figures import (
+    OVERLAP_ENTRY,
+    FigureStore,
+    figures_path,
+    load_figures,
+    overlaps_path,
+)
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.records import Block, Row, iter_blocks, paused_gc
 from workbench.rundir.run import RunInfo, load_run
@@ -134,6 +140,7 @@ class _RangeJob:
     max_examples: int
     decontaminate: Decontamination | None = None
     figures: str | None = None  # the reply figures kept by generate, if any
+    overlaps: str | None = None  # and the replies' overlaps with the benchmarks
 
 
 def _scan_range(job: _RangeJob) -> FileScan:
@@ -146,6 +153,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
     blocks = iter_blocks(job.path, offset=job.start, with_output_ids=True,
                          block_bytes=SCAN_BLOCK_BYTES)
     known = load_figures(Path(job.figures)) if job.figures else None
+    overlaps = load_figures(Path(job.overlaps), OVERLAP_ENTRY) if job.overlaps else None
     with paused_gc():
         for block in blocks:
             if not job.last and block.start_offset >= job.end:
@@ -153,7 +161,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
             lines = block.first_line - 1 + block.lines
             if not job.last and block.end_offset > job.end:
                 lines = block.first_line - 1 + _count_lines(job.path, block.start_offset, job.end)
-            _scan_block(block, lines, job.checker, part, job.decontaminate, known)
+            _scan_block(block, lines, job.checker, part, job.decontaminate, known, overlaps)
             part.lines = max(part.lines, lines)
             if job.last:
                 part.end_offset = block.end_offset
@@ -162,7 +170,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
 
 def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan,
                 decontaminate: Decontamination | None = None,
-                known: FigureStore | None = None) -> None:
+                known: FigureStore | None = None, overlaps: FigureStore | None = None) -> None:
     """Tally the block's problems and rows up to line `lines` (a torn line after it too),
     and add the rows' columns."""
     add = part.tally.add
@@ -187,7 +195,7 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
     flat = stats.flat
     assert stats.figures is not None
     add_quality(part.columns, flat.ids, flat.starts, flat.ends, stats.figures, stats.special,
-                decontaminate)
+                decontaminate, overlaps)
 
 
 def _add_columns(
@@ -280,6 +288,7 @@ class _File(NamedTuple):
     cached: bool
     stamp: Stamp | None
     figures: str | None
+    overlaps: str | None
 
 
 def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache: bool,
@@ -289,6 +298,9 @@ def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache:
     think_end = checker.profile.think_end if checker.reasoning else None
     store = figures_path(ds.folder, think_end, checker.repetition_ngram)
     kept = str(store) if use_figures and store.is_file() else None
+    overlap_store = None if decontaminate is None else overlaps_path(ds.folder, decontaminate)
+    overlaps = (str(overlap_store) if use_figures and overlap_store is not None
+                and overlap_store.is_file() else None)
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
     key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples,
@@ -299,8 +311,8 @@ def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache:
     found = load_cached(path, key) if cache else None
     if found is None:
         return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False, stamp,
-                     kept)
-    return _File(path, checker, key, found[0], found[1], True, stamp, kept)
+                     kept, overlaps)
+    return _File(path, checker, key, found[0], found[1], True, stamp, kept, overlaps)
 
 
 def _plan_jobs(files: Sequence[_File], workers: int, decontaminate: Decontamination | None,
@@ -315,7 +327,8 @@ def _plan_jobs(files: Sequence[_File], workers: int, decontaminate: Decontaminat
         for number, (start, end) in enumerate(ranges, start=1):
             last = number == len(ranges)
             jobs.append(_RangeJob(str(file.path), start, end, last, file.checker,
-                                  file.known.tally.max_examples, decontaminate, file.figures))
+                                  file.known.tally.max_examples, decontaminate, file.figures,
+                                  file.overlaps))
             owners.append(index)
     return jobs, owners
 

@@ -54,7 +54,13 @@ import msgspec
 
 from workbench import sketch
 from workbench.config import Manifest
-from workbench.errors import ConnectionLost, RequestFailed, RequestTimeout, StorageError
+from workbench.errors import (
+    ConfigError,
+    ConnectionLost,
+    RequestFailed,
+    RequestTimeout,
+    StorageError,
+)
 from workbench.generate.budget import BudgetProjection
 from workbench.generate.concurrency import ServerReading, Slots, read_servers
 from workbench.generate.context_fit import context_cut
@@ -82,6 +88,7 @@ from workbench.server.client import (
     redact_url,
 )
 from workbench.text import format_duration
+from workbench.tokenizer import load_tokenizer
 
 __all__ = ["Runner"]
 
@@ -173,6 +180,7 @@ class Runner:
         self._aborts: set[asyncio.Task[bool]] = set()
         self._manifest_failed = False
         self._prompt_figures: PromptFigureKeeper | None = None
+        self._decontaminate: sketch.Decontamination | None = None  # the overlaps kept as written
         self._sent = False  # a request was sent in this session
         self._session = time.time()
         self.on_watchdog = on_watchdog  # every detection (e.g. to restart a stalled server)
@@ -184,8 +192,13 @@ class Runner:
 
     # ----------------------------------------------------------------- preparation
     def load(self) -> None:
-        """Load every dataset's prompts (bad input fails here, before any server is asked)."""
+        """Load every dataset's prompts and the benchmarks (bad input fails here, before any
+        server is asked)."""
         self.plan.load()
+        if self.options.decontaminate:
+            self._decontaminate = sketch.Decontamination.load(
+                self.options.decontaminate, field=self.options.benchmark_field,
+                ngram=self.options.ngram, tokenizer=_reading_tokenizer(self.plan.manifest))
 
     def check_resume(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
         """ResumeMismatch when the run in `out` was made with another model or sampling."""
@@ -201,12 +214,13 @@ class Runner:
             folder = planned.folder
             reasoning = reasoning_expected(profile, planned.spec.chat_template_kwargs)
             figures = FigureAppender(folder.folder, profile.think_end if reasoning else None,
-                                     sketch.DEFAULT_REPEAT_NGRAM)
+                                     sketch.DEFAULT_REPEAT_NGRAM,
+                                     decontaminate=self._decontaminate)
             self.datasets[planned.spec.name] = _Dataset(
                 planned, JsonlAppender(folder.raw_path), JsonlAppender(folder.errors_path),
                 BudgetProjection(planned.sampling.max_new_tokens), figures)
         self._prompt_figures = PromptFigureKeeper(  # for validate, while the replies come
-            [ds.planned.folder.prompts_path for ds in self.datasets.values()])
+            [ds.planned.folder.prompts_path for ds in self.datasets.values()], self._decontaminate)
         self._server = ServerFacts(redact_url(self.client.base_url),
                                    model_name(server_info, model_info), server_info, model_info)
         self._write_manifest()
@@ -628,3 +642,13 @@ class Runner:
             ds.close()
         if self._server is not None:
             self._update_manifest()  # records which budgets stopped their dataset
+
+
+def _reading_tokenizer(manifest: Manifest) -> Any:
+    """The tokenizer that reads the replies' ids as words for the benchmarks: the first one
+    the manifest's datasets name (as validate takes the first one run.json records)."""
+    spec = next((spec for spec in manifest.datasets if spec.tokenizer), None)
+    if spec is None or spec.tokenizer is None:
+        raise ConfigError("--decontaminate", "the manifest names no tokenizer to read the "
+                                             "replies' ids as words: set `tokenizer` in it")
+    return load_tokenizer(spec.tokenizer, trust_remote_code=spec.trust_remote_code)

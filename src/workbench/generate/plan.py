@@ -100,6 +100,9 @@ class GenerateOptions:
     disk_wait: float = 1800.0  # seconds a failed write may go on failing before the run stops
     auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
     gpus: int | None = None  # the GPUs serving the run (None: from /server_info)
+    decontaminate: tuple[str, ...] = ()  # benchmark files whose overlaps are kept as it writes
+    benchmark_field: str | None = None  # their prompt field (None: the first known one)
+    ngram: int = 13  # words in a benchmark n-gram
 
 
 class ServerFacts(NamedTuple):

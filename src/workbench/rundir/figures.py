@@ -33,7 +33,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,17 +47,22 @@ from workbench.rundir.records import PromptContents, SampleId, iter_prompt_conte
 
 __all__ = [
     "ENTRY",
+    "OVERLAP_ENTRY",
     "FigureAppender",
     "FigureStore",
     "PromptFigureKeeper",
     "PromptFigures",
+    "PromptRows",
     "ReplyFigures",
     "chosen_prompts",
     "concat",
     "figures_path",
     "load_figures",
+    "overlaps_path",
     "prompt_figures",
+    "prompt_rows",
     "reply_figures",
+    "reply_overlaps",
 ]
 
 FIGURES_VERSION = 1  # bump when an entry's meaning changes
@@ -66,6 +71,7 @@ SIGNATURE_DTYPE = np.uint16  # signatures kept as 16-bit values (b-bit MinHash):
 # the bytes; two different entries agree by chance once in 65,536, which moves no estimate
 
 ENTRY = np.dtype([("digest", "<u8"), ("repeat", "<f8"), ("signature", "<u2", (NUM_PERM,))])
+OVERLAP_ENTRY = np.dtype([("digest", "<u8"), ("overlap", "<i8")])  # benchmarks' bit mask
 
 _BATCH = 64  # records computed together (a few numpy passes a batch, not a record)
 
@@ -82,13 +88,23 @@ class ReplyFigures(NamedTuple):
 def figures_path(folder: Path, think_end: int | None, ngram: int) -> Path:
     """The store of dataset folder `folder` for figures split at `think_end` (None: not
     split) with `ngram`-grams."""
-    key = hashlib.sha256(repr((FIGURES_VERSION, think_end, ngram, sketch.DEFAULT_SHINGLE,
-                               NUM_PERM, sketch.MAX_ROW_IDS)).encode()).hexdigest()[:16]
-    return Path(folder) / CACHE_DIR / f"reply-figures-{key}.bin"
+    return _store_path(folder, "reply-figures", (think_end, ngram, sketch.DEFAULT_SHINGLE,
+                                                 NUM_PERM))
+
+
+def overlaps_path(folder: Path, decontaminate: sketch.Decontamination) -> Path:
+    """The store of dataset folder `folder` for the replies' overlaps with these benchmarks
+    read through this decoder."""
+    return _store_path(folder, "reply-overlaps", decontaminate.key)
+
+
+def _store_path(folder: Path, kind: str, settings: object) -> Path:
+    key = hashlib.sha256(repr((FIGURES_VERSION, settings, sketch.MAX_ROW_IDS)).encode())
+    return Path(folder) / CACHE_DIR / f"{kind}-{key.hexdigest()[:16]}.bin"
 
 
 class FigureStore:
-    """The entries of a store, found by digest."""
+    """The entries of a store (:data:`ENTRY` or :data:`OVERLAP_ENTRY`), found by digest."""
 
     def __init__(self, entries: np.ndarray) -> None:
         order = np.argsort(entries["digest"], kind="stable")
@@ -105,15 +121,15 @@ class FigureStore:
         at = np.minimum(np.searchsorted(self._digests, digests), len(self._digests) - 1)
         return np.where(self._digests[at] == digests, at, -1)
 
-    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(repeat, signature) of the entries at `index`."""
-        picked = self._entries[index]
-        return picked["repeat"], picked["signature"]
+    def take(self, index: np.ndarray) -> np.ndarray:
+        """The entries at `index` (a structured array)."""
+        return self._entries[index]
 
 
-def load_figures(path: Path) -> FigureStore | None:
-    """The store at path (its whole entries), or None when there is none or it cannot be read."""
-    return _load(str(path), *_stamp(path))
+def load_figures(path: Path, entry: np.dtype[np.void] = ENTRY) -> FigureStore | None:
+    """The store at path (its whole entries of type `entry`), or None when there is none or
+    it cannot be read."""
+    return _load(str(path), entry, *_stamp(path))
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -125,15 +141,16 @@ def _stamp(path: Path) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=4)  # one store a dataset, read once per process while unchanged
-def _load(path: str, inode: int, size: int, mtime: int) -> FigureStore | None:
-    if size < ENTRY.itemsize:
+def _load(path: str, entry: np.dtype[np.void], inode: int, size: int,
+          mtime: int) -> FigureStore | None:
+    if size < entry.itemsize:
         return None
     try:
         with open(path, "rb") as file:
-            data = file.read(size - size % ENTRY.itemsize)
+            data = file.read(size - size % entry.itemsize)
     except OSError:
         return None
-    return FigureStore(np.frombuffer(data, dtype=ENTRY))
+    return FigureStore(np.frombuffer(data, dtype=entry))
 
 
 def reply_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: np.ndarray,
@@ -147,11 +164,10 @@ def reply_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: 
     digest = sketch.digest(ids, starts, ends) if count else np.zeros(0, dtype=np.uint64)
     repeat = np.zeros(count, dtype=np.float64)
     signature = np.zeros((count, NUM_PERM), dtype=SIGNATURE_DTYPE)
-    index = known.find(digest) if known is not None else np.full(count, -1, dtype=np.int64)
-    found = index >= 0
-    if found.any():
-        repeat[found], signature[found] = known.take(index[found])  # type: ignore[union-attr]
-    missing = np.flatnonzero(~found)
+    found, missing = _known(known, digest)
+    if len(found[0]):
+        picked = known.take(found[1])  # type: ignore[union-attr]
+        repeat[found[0]], signature[found[0]] = picked["repeat"], picked["signature"]
     if len(missing):
         first, last = starts[missing], ends[missing]
         repeat[missing] = sketch.split_repeat_share(ids, first, last,
@@ -161,64 +177,155 @@ def reply_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: 
     return ReplyFigures(digest, repeat, signature)
 
 
-def _entries(id_lists: Sequence[Sequence[int]], think_end: int | None, ngram: int) -> bytes:
-    """The entries of replies given as id lists, as bytes to append."""
+def reply_overlaps(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, digest: np.ndarray,
+                   decontaminate: sketch.Decontamination,
+                   known: FigureStore | None = None) -> np.ndarray:
+    """Per row (digests `digest`), the bit mask of the benchmarks it overlaps (its first
+    :data:`~workbench.sketch.MAX_ROW_IDS` ids): those `known` holds taken from it, the others
+    computed."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    overlap = np.zeros(len(starts), dtype=np.int64)
+    found, missing = _known(known, digest)
+    if len(found[0]):
+        overlap[found[0]] = known.take(found[1])["overlap"]  # type: ignore[union-attr]
+    if len(missing):
+        first = starts[missing]
+        overlap[missing] = decontaminate.id_overlaps(ids, first, sketch.clipped(first, ends[missing]))
+    return overlap
+
+
+def _known(known: FigureStore | None, digest: np.ndarray,
+           ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """((rows found, their entries), rows missing) of `digest` in the store."""
+    index = known.find(digest) if known is not None else np.full(len(digest), -1, np.int64)
+    found = np.flatnonzero(index >= 0)
+    return (found, index[found]), np.flatnonzero(index < 0)
+
+
+class _Batch(NamedTuple):
+    """Replies given as id lists, flat: row i is ids[starts[i]:ends[i]]."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _flat(id_lists: Sequence[Sequence[int]]) -> _Batch:
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     ends = np.cumsum(lengths)
-    starts = ends - lengths
     flat: list[int] = []
     for ids in id_lists:
         flat.extend(ids)
     ids = np.fromiter(flat, dtype=np.int64, count=len(flat))  # OverflowError: not a reply's
-    split = np.full(len(id_lists), -1, dtype=np.int64)
+    return _Batch(ids, ends - lengths, ends)
+
+
+def _figure_entries(batch: _Batch, think_end: int | None, ngram: int) -> np.ndarray:
+    """The :data:`ENTRY` of each reply of the batch."""
+    ids, starts, ends = batch
+    split = np.full(len(starts), -1, dtype=np.int64)
     if think_end is not None and len(ids):
         at = np.flatnonzero(ids == think_end)
         rows = np.searchsorted(ends, at, side="right")
         unique, first = np.unique(rows, return_index=True)
         split[unique] = at[first] - starts[unique]
     figures = reply_figures(ids, starts, ends, split, ngram)
-    entries = np.zeros(len(id_lists), dtype=ENTRY)
+    entries = np.zeros(len(starts), dtype=ENTRY)
     entries["digest"], entries["repeat"], entries["signature"] = figures
-    return entries.tobytes()
+    return entries
+
+
+def _overlap_entries(batch: _Batch, digest: np.ndarray,
+                     decontaminate: sketch.Decontamination) -> np.ndarray:
+    entries = np.zeros(len(digest), dtype=OVERLAP_ENTRY)
+    entries["digest"] = digest
+    entries["overlap"] = reply_overlaps(*batch, digest, decontaminate)
+    return entries
+
+
+class _Sink:
+    """One store appended to: whole entries, a torn one cut; closed at the first failure."""
+
+    def __init__(self, path: Path, entry: np.dtype[np.void]) -> None:
+        self.path = path
+        self.failed: str | None = None
+        self._fd = -1
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            size = os.fstat(self._fd).st_size
+            if size % entry.itemsize:  # a torn last entry (a crash mid-write): cut it
+                os.ftruncate(self._fd, size - size % entry.itemsize)
+        except OSError as exc:
+            self._fail(exc)
+
+    @property
+    def open(self) -> bool:
+        return self._fd >= 0
+
+    def append(self, data: bytes) -> None:
+        if self._fd < 0:
+            return
+        size = None
+        try:
+            size = os.fstat(self._fd).st_size
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as exc:
+            if size is not None:
+                with contextlib.suppress(OSError):  # no torn entry left behind
+                    os.ftruncate(self._fd, size)
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = f"{self.path}: {exc.strerror or exc}"
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class FigureAppender:
-    """Appends the figures of the replies written to a dataset's store, computed a batch at
-    a time in a thread (numpy and BLAKE2b let go of the GIL: the event loop keeps going).
+    """Appends the figures of the replies written to a dataset's store (and, given
+    benchmarks, their overlaps to theirs), computed a batch at a time in a thread (numpy and
+    BLAKE2b let go of the GIL: the event loop keeps going).
 
     :meth:`add` takes a written reply's output ids; :meth:`close` writes what is left and
-    waits. A write that fails (a full disk, a read-only folder) stops the appender for the
+    waits. A write that fails (a full disk, a read-only folder) stops that store for the
     session: the figures left out are computed by the validation that needs them.
     """
 
-    def __init__(self, folder: Path, think_end: int | None, ngram: int,
-                 batch: int = _BATCH) -> None:
-        self.path = figures_path(folder, think_end, ngram)
+    def __init__(self, folder: Path, think_end: int | None, ngram: int, batch: int = _BATCH,
+                 decontaminate: sketch.Decontamination | None = None) -> None:
         self._think_end = think_end
         self._ngram = ngram
         self._batch = batch
+        self._figures = _Sink(figures_path(folder, think_end, ngram), ENTRY)
+        self.path = self._figures.path
+        with_ids = decontaminate is not None and decontaminate.decoder is not None
+        self._decontaminate = decontaminate if with_ids else None
+        self._overlaps = (_Sink(overlaps_path(folder, decontaminate), OVERLAP_ENTRY)
+                          if with_ids and decontaminate is not None else None)
         self._pending: list[Sequence[int]] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._futures: list[Future[None]] = []
-        self.failed: str | None = None  # why the appender stopped, once it did
-        self._fd = self._open()
 
-    def _open(self) -> int:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            size = os.fstat(fd).st_size
-            if size % ENTRY.itemsize:  # a torn last entry (a crash mid-write): cut it
-                os.ftruncate(fd, size - size % ENTRY.itemsize)
-        except OSError as exc:
-            self.failed = f"{self.path}: {exc.strerror or exc}"
-            return -1
-        return fd
+    @property
+    def failed(self) -> str | None:
+        """Why a store stopped, once one did."""
+        return self._figures.failed or (self._overlaps.failed if self._overlaps else None)
+
+    def _sinks(self) -> list[_Sink]:
+        return [s for s in (self._figures, self._overlaps) if s is not None and s.open]
 
     def add(self, output_ids: Sequence[int] | None) -> None:
         """Keep the figures of a reply now on disk (nothing for one without ids)."""
-        if self._fd < 0 or not output_ids:
+        if not output_ids or not self._sinks():
             return
         self._pending.append(output_ids)
         if len(self._pending) >= self._batch:
@@ -228,42 +335,31 @@ class FigureAppender:
         batch, self._pending = self._pending, []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reply-figures")
-        self._futures = [f for f in self._futures if not f.done()]
-        self._futures.append(self._pool.submit(self._write, batch))
+        self._pool.submit(self._write, batch)
 
-    def _write(self, batch: list[Sequence[int]]) -> None:
+    def _write(self, id_lists: list[Sequence[int]]) -> None:
         with self._lock:
-            if self._fd < 0:
-                return
             try:
-                data = _entries(batch, self._think_end, self._ngram)
+                batch = _flat(id_lists)
             except (OverflowError, ValueError, TypeError):  # ids no model gives: validate's
                 return
-            size = None
-            try:
-                size = os.fstat(self._fd).st_size
-                written = 0
-                while written < len(data):
-                    written += os.write(self._fd, data[written:])
-            except OSError as exc:
-                self.failed = f"{self.path}: {exc.strerror or exc}"
-                if size is not None:
-                    with contextlib.suppress(OSError):  # no torn entry left behind
-                        os.ftruncate(self._fd, size)
-                os.close(self._fd)
-                self._fd = -1
+            figures = _figure_entries(batch, self._think_end, self._ngram)
+            self._figures.append(figures.tobytes())
+            if self._overlaps is not None and self._overlaps.open and self._decontaminate:
+                self._overlaps.append(_overlap_entries(batch, figures["digest"],
+                                                       self._decontaminate).tobytes())
 
     def close(self) -> None:
-        """Write the figures still pending and close the store; closing twice is harmless."""
-        if self._pending and self._fd >= 0:
+        """Write the figures still pending and close the stores; closing twice is harmless."""
+        if self._pending and self._sinks():
             self._submit()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            for sink in (self._figures, self._overlaps):
+                if sink is not None:
+                    sink.close()
 
 
 # --- prompts ----------------------------------------------------------------------------------
@@ -351,12 +447,109 @@ def concat(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return flat, ends - lengths, ends
 
 
-class PromptFigureKeeper:
-    """Computes and keeps the figures of prompts files in a thread, one file after another
-    (generate starts it once prompts.jsonl is written; its replies take far longer)."""
+class PromptRows(NamedTuple):
+    """What the quality rules read of a prompts file: its figures, and per figure row the bit
+    mask of the benchmarks the prompt overlaps (zeros without benchmarks)."""
 
-    def __init__(self, paths: Sequence[Path]) -> None:
+    figures: PromptFigures
+    overlap: list[int]
+
+
+class _Overlaps(msgspec.Struct):
+    """The overlaps of a prompts file's rows as kept: their sample ids, masks and the lines
+    read."""
+
+    sample_id: list[SampleId] = msgspec.field(default_factory=list)
+    overlap: list[int] = msgspec.field(default_factory=list)
+    lines: int = 0
+
+
+def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache: bool = True,
+                stop: Callable[[], bool] | None = None) -> PromptRows:
+    """The figures of prompts file path (see :func:`prompt_figures`) and their benchmark
+    overlaps (zeros without benchmarks), read once for both when neither was kept; with
+    `cache`, those kept are taken and what is read is kept. `stop`: as
+    :func:`prompt_figures`'s."""
+    if decontaminate is None:
+        figures = prompt_figures(path, cache, stop)
+        return PromptRows(figures, [0] * len(figures.line))
+    key = cache_key("prompt-overlaps", FIGURES_VERSION, decontaminate.key)
+    found = load_appended(path, "prompt-overlaps", key, _Overlaps) if cache else None
+    if found is None:  # the overlaps read with the figures, when those are read too
+        stamp = file_stamp(path)
+        overlaps = _Overlaps()
+        ends = [0]
+
+        def also(block: PromptContents, chosen: list[int]) -> None:
+            _add_overlaps(overlaps, block, chosen, decontaminate)
+            ends[0] = block.end_offset
+
+        figures = prompt_figures(path, cache, stop, also)
+        if (overlaps.lines, len(overlaps.overlap)) == (figures.lines, len(figures.line)):
+            # the figures were read from the start: the overlaps are whole
+            if cache and ends[0]:
+                save_appended(path, "prompt-overlaps", key, overlaps, ends[0], stamp)
+            return PromptRows(figures, overlaps.overlap)
+        found = (_Overlaps(), 0)
+    else:
+        figures = prompt_figures(path, cache, stop)
+    return PromptRows(figures, _overlaps(path, len(figures.line), decontaminate, key, found,
+                                         cache, stop))
+
+
+def _overlaps(path: Path, rows: int, decontaminate: sketch.Decontamination, key: str,
+              found: tuple[_Overlaps, int], cache: bool,
+              stop: Callable[[], bool] | None = None) -> list[int]:
+    """The benchmark masks of the `rows` first figure rows of prompts file path: those kept
+    (`found`: what was, and the offset read to), and those of the lines after."""
+    known, offset = found
+    stamp = file_stamp(path)
+    end = offset
+    seen = set(known.sample_id)
+    for block in iter_prompt_contents(path, offset=offset, first_line=known.lines + 1):
+        _add_overlaps(known, block, chosen_prompts(block, seen), decontaminate)
+        end = block.end_offset
+        if stop is not None and stop():
+            break
+    if cache and end > offset:
+        save_appended(path, "prompt-overlaps", key, known, end, stamp)
+    return (known.overlap + [0] * rows)[:rows]  # a file grown between the two reads
+
+
+def _add_overlaps(overlaps: _Overlaps, block: PromptContents, chosen: list[int],
+                  decontaminate: sketch.Decontamination) -> None:
+    overlaps.sample_id.extend(block.sample_ids[i] for i in chosen)
+    overlaps.overlap.extend(_block_overlaps(block, chosen, decontaminate).tolist())
+    overlaps.lines = block.next_line - 1
+
+
+def _block_overlaps(block: PromptContents, chosen: list[int],
+                    decontaminate: sketch.Decontamination) -> np.ndarray:
+    """Per chosen prompt, the bit mask of the benchmarks it overlaps: its ids read as words,
+    or its text's words."""
+    overlap = np.zeros(len(chosen), dtype=np.int64)
+    if not chosen:
+        return overlap
+    with_ids = np.fromiter((block.has_ids[i] for i in chosen), dtype=bool, count=len(chosen))
+    if with_ids.any():
+        flat, starts, ends = concat(prompt_contents(block, [i for i in chosen if block.has_ids[i]]))
+        overlap[with_ids] = decontaminate.id_overlaps(flat.view(np.int64), starts,
+                                                      sketch.clipped(starts, ends))
+    texts = np.flatnonzero(~with_ids)
+    if len(texts):
+        overlap[texts] = decontaminate.text_overlaps([block.texts[chosen[i]] or "" for i in texts])
+    return overlap
+
+
+class PromptFigureKeeper:
+    """Computes and keeps the figures of prompts files (and, given benchmarks, their
+    overlaps) in a thread, one file after another (generate starts it once prompts.jsonl is
+    written; its replies take far longer)."""
+
+    def __init__(self, paths: Sequence[Path],
+                 decontaminate: sketch.Decontamination | None = None) -> None:
         self._paths = list(paths)
+        self._decontaminate = decontaminate
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prompt-figures", daemon=True)
         self._thread.start()
@@ -364,7 +557,7 @@ class PromptFigureKeeper:
     def _run(self) -> None:
         for path in self._paths:  # once stopped, one block of each: a quick run keeps them
             with contextlib.suppress(OSError):  # best effort: validate computes what is missing
-                prompt_figures(path, stop=self._stop.is_set)
+                prompt_rows(path, self._decontaminate, stop=self._stop.is_set)
 
     def close(self) -> None:
         """Stop after the block being read (what was read is kept) and wait for the thread."""
