@@ -25,6 +25,7 @@ from workbench.rundir.figures import (
     figures_path,
     load_figures,
     overlaps_path,
+    prompt_figures,
     reply_figures,
     reply_overlaps,
 )
@@ -279,3 +280,17 @@ def test_generate_names_a_bad_benchmark_line_before_sending(tmp_path: Path) -> N
     assert done.returncode == 2
     assert f"{bad}:2" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "t" / RAW_FILE).exists()
+
+
+def test_prompt_figures_stopped_early_keep_what_was_read_and_finish_later(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    path = tmp_path / "prompts.jsonl"
+    with open(path, "wb") as out:  # about 3 MB: several blocks
+        for i in range(3000):
+            ids = [rng.randrange(0, 150000) for _ in range(150)]
+            out.write(msgspec.json.encode({"sample_id": i % 2900, "input_ids": ids}) + b"\n")
+    whole = prompt_figures(path, cache=False)
+    assert len(whole.line) == 2900  # each sample id's first line
+    partial = prompt_figures(path, stop=lambda: True)  # stopped after its first block
+    assert 0 < len(partial.line) < 2900
+    assert prompt_figures(path) == whole  # the rest read, what was kept taken

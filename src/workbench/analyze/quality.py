@@ -85,7 +85,6 @@ DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
 MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their prompts differ
 
 
-
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:
     """The tokenizer that decodes the run's ids: `tokenizer` (a directory), else the first one
     run.json records for its datasets, else the one the run's manifest names; ConfigError

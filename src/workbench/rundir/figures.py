@@ -1,4 +1,4 @@
-"""Reply figures kept as the replies are written: what a first validation would compute again.
+"""Figures kept as the records are written: what a first validation would compute again.
 
 The data-quality figures of a reply (:mod:`workbench.analyze.quality`) are pure functions of
 its output ids: the digest (exact duplicates), the repeated-n-gram share (loops; the
@@ -9,10 +9,15 @@ time in a thread of its own, and appends them to a store beside the dataset::
 
     <dataset>/.workbench-cache/reply-figures-<key>.bin
 
+Given benchmarks (``generate --decontaminate``), each reply's overlap with them (the bit mask
+of the benchmarks one of whose word n-grams it holds) goes to a second store,
+``reply-overlaps-<key>.bin`` (:data:`OVERLAP_ENTRY`), keyed by the benchmark files' content and
+the tokenizer that reads the ids as words.
+
 The prompts' figures (digest and signature of each sample id's first prompt, ids or the
-normalised words of its text) are kept as an appended cache of prompts.jsonl
-(:func:`prompt_figures`, :mod:`workbench.rundir.cache`): generate computes them in a thread
-once it has written the file, before the replies come, so validate finds them ready.
+normalised words of its text) and their overlaps are kept as appended caches of prompts.jsonl
+(:func:`prompt_rows`, :mod:`workbench.rundir.cache`): generate computes them in a thread once it
+has written the file, before the replies come, so validate finds them ready.
 
 The reply store is content-addressed: one fixed-size entry per reply (:data:`ENTRY`: digest,
 repeated-n-gram share, signature) found by the reply's digest, which the scan computes anyway.
