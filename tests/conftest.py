@@ -81,13 +81,15 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+def wait_until(predicate: Callable[[], object], timeout: float, what: str | Callable[[], str],
                interval: float = 0.05) -> None:
-    """Return once `predicate()` is true; AssertionError naming `what` after `timeout` seconds."""
+    """Return once `predicate()` is true; AssertionError naming `what` after `timeout` seconds
+    (`what` may be a function: told as it is then, e.g. with the last state the predicate saw)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            told = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {told}")
         time.sleep(interval)
 
 

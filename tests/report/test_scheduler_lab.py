@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import jupyter_scheduler  # noqa: F401  (the test extra installs it: a missing o
 import pytest
 import yaml
 from browser import chromium_path, open_page, stop_like_ctrl_c
-from conftest import EXAMPLES, generate_run
+from conftest import EXAMPLES, generate_run, wait_until
 from playwright import sync_api as playwright  # the test extra installs it
 
 from workbench.jobfolder import init_job_folder
@@ -83,13 +82,14 @@ def _run_job(url: str, notebook: str, parameters: dict[str, str], timeout: float
             "name": "scheduled report", "input_uri": notebook, "parameters": parameters,
             "runtime_environment_name": environments[0]["name"], "output_formats": ["ipynb", "html"],
         }).raise_for_status().json()
-        deadline = time.monotonic() + timeout
-        while True:
-            job = client.get(f"/scheduler/jobs/{created['job_id']}").raise_for_status().json()
-            if job["status"] in ("COMPLETED", "FAILED"):  # STOPPED: also its state before it starts
-                return dict(job)
-            assert time.monotonic() < deadline, job
-            time.sleep(0.5)
+        job: dict[str, Any] = {}
+
+        def ended() -> bool:
+            job.update(client.get(f"/scheduler/jobs/{created['job_id']}").raise_for_status().json())
+            return job["status"] in ("COMPLETED", "FAILED")  # STOPPED: also its state before it starts
+
+        wait_until(ended, timeout, lambda: f"the job to end (last seen: {job})", interval=0.5)
+        return job
 
 
 def _staged(job_id: str, data_dir: Path, kind: str) -> Path:
@@ -183,15 +183,15 @@ def test_a_job_definition_on_a_schedule_renders_on_its_own(run: Path, explore_la
             "runtime_environment_name": environments[0]["name"], "output_formats": ["html"],
         }).raise_for_status().json()
         definition = created["job_definition_id"]
-        deadline = time.monotonic() + 240
+        jobs: list[dict[str, Any]] = []
+
+        def one_ended() -> bool:
+            jobs[:] = client.get("/scheduler/jobs", params={"job_definition_id": definition}
+                                 ).raise_for_status().json()["jobs"]
+            return any(job["status"] in ("COMPLETED", "FAILED") for job in jobs)
+
         try:
-            while True:
-                jobs = client.get("/scheduler/jobs", params={"job_definition_id": definition}
-                                  ).raise_for_status().json()["jobs"]
-                if any(job["status"] in ("COMPLETED", "FAILED") for job in jobs):
-                    break
-                assert time.monotonic() < deadline, jobs
-                time.sleep(1)
+            wait_until(one_ended, 240, lambda: f"a job of the definition to end (seen: {jobs})", interval=1)
         finally:
             client.patch(f"/scheduler/job_definitions/{definition}", json={"active": False})
     assert next(job["status"] for job in jobs if job["status"] in ("COMPLETED", "FAILED")) == "COMPLETED", jobs
