@@ -407,10 +407,12 @@ def test_the_real_monitor_in_tmux(tmp_path: Path, tmux: Tmux, metrics_server: st
     tmux("new-session", "-d", "-s", "monitor", "-x", str(width), "-y", str(height), "-c", str(ROOT),
          command)
 
-    def drawn() -> bool:
-        return any(line.startswith("ALERT run: stalled") for line in tmux.screen())
+    def drawn() -> bool:  # and, with --once, exited: else it may print its exit between captures
+        lines = tmux.screen()
+        return (any(line.startswith("ALERT run: stalled") for line in lines)
+                and (not once or "monitor-exited-1" in lines))  # the alert makes --once exit 1
 
-    wait_until(drawn, 120, "the monitor's frame on the tmux screen")
+    wait_until(drawn, 120, "the monitor's frame on the tmux screen" + (" and its exit" if once else ""))
     screen, joined = tmux.screen(), tmux.screen(joined=True)
     assert joined == screen, "\n".join(screen)  # no line was wrapped by the terminal
     assert all(len(line) <= width for line in screen)
@@ -427,5 +429,3 @@ def test_the_real_monitor_in_tmux(tmp_path: Path, tmux: Tmux, metrics_server: st
         assert re.search(rf"\s{status}\s", row_of(screen, name)), screen
     assert "ago" not in row_of(screen, WAITING)
     assert any(re.search(r"server\S*.*23 running, .*server gen", line) for line in screen), screen
-    if once:  # the alert makes --once exit 1
-        wait_until(lambda: "monitor-exited-1" in tmux.screen(), 60, "the monitor to exit")
