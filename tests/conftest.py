@@ -10,6 +10,7 @@ generous: a loaded machine is slow, not wrong).
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -75,6 +76,24 @@ def generate_run(base: Path, datasets: list[dict[str, Any]]) -> Path:
         server.stop()
     assert done.returncode == 0, done.stderr
     return base / "out"
+
+
+BENCH = EXAMPLES / "benchmarks" / "tiny_bench.jsonl"
+QUOTED = ("some recent order sends a special service after that current city. The company "
+          "includes a bad team now.")  # tiny_bench's tb-3, in words the example tokenizer knows
+
+
+def text_prompts(folder: Path, count: int) -> Path:
+    """Text prompts of words the example tokenizer knows; every fourth quotes tiny_bench."""
+    rng = random.Random(11)
+    words = QUOTED.replace(".", "").split()
+    path = folder / "texts.jsonl"
+    with open(path, "w") as out:
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(30))
+            out.write(json.dumps({"sample_id": i, "text": f"{QUOTED} {text}" if i % 4 == 0
+                                  else text}) + "\n")
+    return path
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

@@ -236,8 +236,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--restart-backoff", type=_positive_float, default=10.0, metavar="SECONDS",
                    help="--launch: wait before the first restart, doubling after each (10)")
     _add_decontaminate(p, "keep each record's overlap with these benchmark files (JSONL or "
-                          "Parquet) as it is written, for validate, reports and export "
-                          "--decontaminate with the same files")
+                          "Parquet) as it is written; run.json names them, so validate, "
+                          "reports and export look for them too (default: on resume, the "
+                          "run's)")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -258,7 +259,7 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         resume=not args.no_resume, force=args.force, max_attempts=args.max_attempts,
         progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
-        disk_wait=args.disk_wait, gpus=args.gpus, decontaminate=tuple(args.decontaminate),
+        disk_wait=args.disk_wait, gpus=args.gpus, decontaminate=args.decontaminate,
         benchmark_field=args.benchmark_field, ngram=args.ngram,
     )
 
@@ -382,30 +383,37 @@ def _add_near_threshold(p: argparse.ArgumentParser) -> None:
 
 
 def _add_decontaminate(p: argparse.ArgumentParser, what: str | None = None) -> None:
-    p.add_argument("--decontaminate", type=_csv, metavar="FILE,...", default=(),
-                   help=what or "comma-separated benchmark files (JSONL or Parquet) to look for in "
-                                "the prompts and replies: an n-gram of normalised words in "
-                                "common flags a record")
+    """--decontaminate FILE,... | --no-decontaminate (default None: the run's benchmarks,
+    run.json), --benchmark-field, --ngram (None: the run's, else 13)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--decontaminate", type=_csv, metavar="FILE,...",
+                       help=what or "comma-separated benchmark files (JSONL or Parquet) to look "
+                                    "for in the prompts and replies: an n-gram of normalised "
+                                    "words in common flags a record (default: the ones generate "
+                                    "was given, run.json)")
+    group.add_argument("--no-decontaminate", dest="decontaminate", action="store_const", const=(),
+                       help="look for no benchmark, not even the run's")
     p.add_argument("--benchmark-field", metavar="FIELD",
-                   help="the benchmark files' prompt field (default: the first of prompt, "
-                        "question, problem, instruction, input, text, turns)")
-    p.add_argument("--ngram", type=_positive_int, default=13,
-                   help="words in a benchmark n-gram (13, the usual rule)")
+                   help="the benchmark files' prompt field (default: the run's, else the first "
+                        "of prompt, question, problem, instruction, input, text, turns)")
+    p.add_argument("--ngram", type=_positive_int,
+                   help="words in a benchmark n-gram (default: the run's, else 13, the usual rule)")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     import msgspec
 
-    from workbench.analyze.quality import Decontamination, run_tokenizer
+    from workbench.analyze.quality import run_benchmarks
     from workbench.analyze.rules import Thresholds
     from workbench.analyze.validate import exit_code, format_report, validate_run
     from workbench.rundir.run import load_run
 
-    decontaminate = None
-    if args.decontaminate:
-        tokenizer = run_tokenizer(load_run(args.out, args.only), args.tokenizer, args.trust_remote_code)
-        decontaminate = Decontamination.load(args.decontaminate, field=args.benchmark_field,
-                                             ngram=args.ngram, tokenizer=tokenizer)
+    benchmarks = run_benchmarks(load_run(args.out, args.only), args.decontaminate,
+                                field=args.benchmark_field, ngram=args.ngram,
+                                tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code)
+    for note in benchmarks.choice.notes():
+        print(f"workbench: note: {note}", file=sys.stderr)
+    decontaminate = benchmarks.decontaminate
     thresholds = Thresholds(near_duplicate_threshold=args.near_threshold)
     report = validate_run(args.out, model_profile=args.model_profile, only=args.only,
                           workers=args.workers, thresholds=thresholds, decontaminate=decontaminate)
@@ -496,7 +504,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
                             trainer=args.trainer, max_length=args.max_length,
                             reasoning=args.reasoning, keep_truncated=args.keep_truncated,
-                            decontaminate=tuple(args.decontaminate),
+                            decontaminate=args.decontaminate,
                             benchmark_field=args.benchmark_field, ngram=args.ngram,
                             near_threshold=args.near_threshold)
     print(format_summary(export_run(args.out, args.to, options)))

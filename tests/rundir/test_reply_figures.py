@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
-from conftest import EXAMPLES, generate_run, workbench, write_manifest
+from conftest import BENCH, EXAMPLES, generate_run, text_prompts, workbench, write_manifest
 
 from workbench import sketch
 from workbench.analyze.scan import scan_run
@@ -200,24 +200,6 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
     again = scan_run(out, cache=False, figures=False, workers=1)
     assert sum(computed) == 24 and sum(signed) == 48  # computed: 24 replies, 24 prompts
     assert kept.report == again.report
-
-
-BENCH = EXAMPLES / "benchmarks" / "tiny_bench.jsonl"
-QUOTED = ("some recent order sends a special service after that current city. The company "
-          "includes a bad team now.")  # tiny_bench's tb-3, in words the example tokenizer knows
-
-
-def text_prompts(folder: Path, count: int) -> Path:
-    """Text prompts of words the example tokenizer knows; every fourth quotes tiny_bench."""
-    rng = random.Random(11)
-    words = QUOTED.replace(".", "").split()
-    path = folder / "texts.jsonl"
-    with open(path, "w") as out:
-        for i in range(count):
-            text = " ".join(rng.choice(words) for _ in range(30))
-            out.write(json.dumps({"sample_id": i, "text": f"{QUOTED} {text}" if i % 4 == 0
-                                  else text}) + "\n")
-    return path
 
 
 def test_generate_keeps_the_overlaps_with_its_benchmarks_and_validate_takes_them(

@@ -16,7 +16,8 @@ The per-record degeneracy rules (``repetition``, ``special_heavy``) are
                                      near_duplicate_threshold, 0.5, or more): templated answers
                                      that teach a drafter nothing new (raw)
     contaminated_prompt    warning   a prompt holding an n-gram (13 normalised words) of a
-                                     benchmark given with --decontaminate (prompts)
+                                     benchmark given with --decontaminate, else of the ones
+                                     generate was given (run.json) (prompts)
     contaminated_reply     warning   a reply holding one (raw)
 
 "Earlier" is the manifest's dataset order, then file order: the first copy is kept, the later
@@ -59,6 +60,7 @@ from workbench.rundir.figures import (
     reply_overlaps,
 )
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
+from workbench.rundir.manifest import BenchmarkChoice, choose_benchmarks
 from workbench.rundir.records import SampleId
 from workbench.rundir.run import RunInfo
 from workbench.sketch import Decontamination
@@ -69,11 +71,13 @@ __all__ = [
     "QUALITY_VERSION",
     "Decontamination",
     "PromptRows",
+    "RunBenchmarks",
     "add_quality",
     "benchmark_counts",
     "data_findings",
     "flagged_samples",
     "prompt_figures",
+    "run_benchmarks",
     "run_tokenizer",
 ]
 
@@ -83,6 +87,28 @@ DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
 
 MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their prompts differ
+
+
+class RunBenchmarks(NamedTuple):
+    """The benchmarks a command looks for (`decontaminate`: None when none) and how they
+    were chosen (`choice`: given or run.json's, the recorded files that are gone)."""
+
+    decontaminate: Decontamination | None
+    choice: BenchmarkChoice
+
+
+def run_benchmarks(run: RunInfo, files: Sequence[str] | None, *, field: str | None = None,
+                   ngram: int | None = None, tokenizer: str | None = None,
+                   trust_remote_code: bool = False) -> RunBenchmarks:
+    """The benchmarks of `files` (an empty list: none), else the ones run.json records
+    (:func:`workbench.rundir.manifest.choose_benchmarks`), loaded with the tokenizer that
+    reads the run's ids (:func:`run_tokenizer`); DataError naming a bad file and line."""
+    choice = choose_benchmarks(run.manifest, files, field, ngram)
+    if not choice.files:
+        return RunBenchmarks(None, choice)
+    reader = run_tokenizer(run, tokenizer, trust_remote_code)
+    return RunBenchmarks(Decontamination.load(choice.files, field=choice.field,
+                                              ngram=choice.ngram, tokenizer=reader), choice)
 
 
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:

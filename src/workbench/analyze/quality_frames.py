@@ -19,8 +19,9 @@ import pandas as pd
 from workbench.analyze.quality import (
     DATA_RULES,
     Decontamination,
+    RunBenchmarks,
     benchmark_counts,
-    run_tokenizer,
+    run_benchmarks,
 )
 from workbench.analyze.rules import rule_bit
 from workbench.analyze.scan import RunScan
@@ -41,14 +42,12 @@ DEGENERACY = ("repetition", "special_heavy", "no_answer")
 QUALITY_COLUMNS = ["dataset", "records", "prompts", *DATA_RULES, *DEGENERACY]
 
 
-def decontamination(run_dir: str | os.PathLike[str], files: Sequence[str], *,
-                    field: str | None = None, ngram: int = 13,
-                    tokenizer: str | None = None) -> Decontamination | None:
-    """The benchmarks of a report's `decontaminate` parameter (None when it names none)."""
-    if not files:
-        return None
-    reader = run_tokenizer(load_run(run_dir), tokenizer)
-    return Decontamination.load(files, field=field, ngram=ngram, tokenizer=reader)
+def decontamination(run_dir: str | os.PathLike[str], files: Sequence[str] | None, *,
+                    field: str | None = None, ngram: int | None = None,
+                    tokenizer: str | None = None) -> RunBenchmarks:
+    """The benchmarks of a report's `decontaminate` parameter: its files (an empty list:
+    none), else (None) the ones generate was given (run.json)."""
+    return run_benchmarks(load_run(run_dir), files, field=field, ngram=ngram, tokenizer=tokenizer)
 
 
 def quality_table(scan: RunScan) -> pd.DataFrame:

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.analyze.quality import Decontamination, flagged_samples, run_tokenizer
+from workbench.analyze.quality import Decontamination, flagged_samples, run_benchmarks
 from workbench.analyze.rules import RECORD_RULES, Thresholds
 from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError, DataError, WorkbenchError
@@ -172,7 +172,7 @@ def _check_options(options: ExportOptions) -> None:
     unknown = [rule for rule in options.drop if rule not in known]
     if unknown:
         raise ConfigError("--drop", f"unknown rule {unknown[0]!r} (known: {', '.join(known)})")
-    if "contaminated" in options.drop and not options.decontaminate:
+    if "contaminated" in options.drop and options.decontaminate == ():
         raise ConfigError("--drop", "contaminated needs the benchmark files (--decontaminate FILE)")
     if options.decontaminate and "contaminated" not in options.drop:
         raise ConfigError("--decontaminate", "goes with --drop contaminated (the benchmarks are "
@@ -235,6 +235,23 @@ def export_run(
                          {source.name: source.stats for source in sources}, report)
 
 
+def _drop_benchmarks(run: RunInfo, options: ExportOptions) -> Decontamination:
+    """The benchmarks ``--drop contaminated`` leaves out: the options', else the run's
+    (run.json); ConfigError when there are none, or one of the run's is gone (a record
+    holding it would be exported)."""
+    benchmarks = run_benchmarks(run, options.decontaminate, field=options.benchmark_field,
+                                ngram=options.ngram, tokenizer=options.tokenizer,
+                                trust_remote_code=options.trust_remote_code)
+    if benchmarks.choice.gone:
+        raise ConfigError("--drop", f"contaminated: the run's benchmark {benchmarks.choice.gone[0]} "
+                                    "(run.json) is no longer there: pass --decontaminate with "
+                                    "its new place")
+    if benchmarks.decontaminate is None:
+        raise ConfigError("--drop", "contaminated needs the benchmark files: the run names none "
+                                    "(run.json); pass --decontaminate FILE")
+    return benchmarks.decontaminate
+
+
 def _flag_run_drops(out: str | os.PathLike[str], sources: Sequence[Source],
                     options: ExportOptions) -> None:
     """Give each source the samples the run-level drops of the options leave out (from the
@@ -243,10 +260,8 @@ def _flag_run_drops(out: str | os.PathLike[str], sources: Sequence[Source],
     if not wanted:
         return
     decontaminate = None
-    if options.decontaminate:
-        tokenizer = run_tokenizer(load_run(out), options.tokenizer, options.trust_remote_code)
-        decontaminate = Decontamination.load(options.decontaminate, field=options.benchmark_field,
-                                             ngram=options.ngram, tokenizer=tokenizer)
+    if "contaminated" in options.drop:
+        decontaminate = _drop_benchmarks(load_run(out), options)
     thresholds = Thresholds(near_duplicate_threshold=options.near_threshold)
     # every dataset, --only or not: a copy in an earlier dataset makes a record a duplicate
     scan = scan_run(out, model_profile=options.model_profile, thresholds=thresholds,

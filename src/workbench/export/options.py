@@ -39,8 +39,8 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     `drop`: ids of validate.RECORD_RULES whose failing records are left out ("truncated"
     for --drop-truncated), or of :data:`RUN_DROPS`: replies equal to an earlier one
     ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
-    n-gram of a benchmark of `decontaminate` ("contaminated"; `benchmark_field` names the
-    benchmark files' prompt field, `ngram` the n); `near_threshold` is the estimated Jaccard
+    n-gram of a benchmark of `decontaminate`, by default the ones generate was given
+    ("contaminated"; `benchmark_field` names the benchmark files' prompt field, `ngram` the n); `near_threshold` is the estimated Jaccard
     similarity of near duplicates. `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
@@ -65,9 +65,9 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_length: int | None = None
     reasoning: ReasoningCarry = "auto"
     keep_truncated: bool = False
-    decontaminate: tuple[str, ...] = ()
-    benchmark_field: str | None = None
-    ngram: int = 13
+    decontaminate: tuple[str, ...] | None = None  # None: the run's (run.json), (): none
+    benchmark_field: str | None = None  # None: the run's, else the first known field
+    ngram: int | None = None  # None: the run's, else 13
     near_threshold: float = DEFAULT_THRESHOLD
 
     def drop_rules(self) -> tuple[str, ...]:

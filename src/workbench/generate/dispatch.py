@@ -78,7 +78,15 @@ from workbench.generate.watchdog import Detection, RunCounts, Watchdog, Watchdog
 from workbench.generate.writer import RunWriter
 from workbench.profiles import get_profile, reasoning_expected
 from workbench.rundir.figures import FigureAppender, PromptFigureKeeper
-from workbench.rundir.manifest import with_events, with_session, write_manifest
+from workbench.rundir.manifest import (
+    BenchmarkChoice,
+    benchmarks_record,
+    choose_benchmarks,
+    read_manifest,
+    with_events,
+    with_session,
+    write_manifest,
+)
 from workbench.rundir.records import ErrorRecord, JsonlAppender, Record
 from workbench.server.client import (
     GenerateResult,
@@ -181,6 +189,7 @@ class Runner:
         self._manifest_failed = False
         self._prompt_figures: PromptFigureKeeper | None = None
         self._decontaminate: sketch.Decontamination | None = None  # the overlaps kept as written
+        self.benchmarks = BenchmarkChoice()  # the benchmarks looked for (load)
         self._sent = False  # a request was sent in this session
         self._session = time.time()
         self.on_watchdog = on_watchdog  # every detection (e.g. to restart a stalled server)
@@ -195,10 +204,15 @@ class Runner:
         """Load every dataset's prompts and the benchmarks (bad input fails here, before any
         server is asked)."""
         self.plan.load()
-        if self.options.decontaminate:
+        resumed = read_manifest(self.out) if self.options.resume else {}
+        self.benchmarks = choose_benchmarks(resumed, self.options.decontaminate,
+                                            self.options.benchmark_field, self.options.ngram)
+        for note in self.benchmarks.notes():
+            self.on_event(note)
+        if self.benchmarks.files:
             self._decontaminate = sketch.Decontamination.load(
-                self.options.decontaminate, field=self.options.benchmark_field,
-                ngram=self.options.ngram, tokenizer=_reading_tokenizer(self.plan.manifest))
+                self.benchmarks.files, field=self.benchmarks.field, ngram=self.benchmarks.ngram,
+                tokenizer=_reading_tokenizer(self.plan.manifest))
 
     def check_resume(self, server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> None:
         """ResumeMismatch when the run in `out` was made with another model or sampling."""
@@ -232,7 +246,8 @@ class Runner:
         mine = self.slots.record() if self._sent else None
         earlier = self.plan.previous.get("concurrency")
         concurrency = mine if mine is not None or not isinstance(earlier, dict) else earlier
-        record = self.plan.manifest_record(self._server, concurrency or self.slots.record())
+        record = self.plan.manifest_record(self._server, concurrency or self.slots.record(),
+                                           benchmarks_record(self.benchmarks))
         watchdog = self.watchdog.settings.record() if self.watchdog is not None else None
         record = with_session(record, self.plan.previous, self._session,
                               {"concurrency": mine, "watchdog": watchdog})

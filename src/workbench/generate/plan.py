@@ -100,9 +100,12 @@ class GenerateOptions:
     disk_wait: float = 1800.0  # seconds a failed write may go on failing before the run stops
     auto_interval: float = 2.0  # seconds between two readings of the servers (auto)
     gpus: int | None = None  # the GPUs serving the run (None: from /server_info)
-    decontaminate: tuple[str, ...] = ()  # benchmark files whose overlaps are kept as it writes
-    benchmark_field: str | None = None  # their prompt field (None: the first known one)
-    ngram: int = 13  # words in a benchmark n-gram
+    # Benchmark files whose overlaps are kept as it writes; None: a resumed run's (run.json),
+    # () none. Their prompt field (None: the run's, else the first known one) and n-gram
+    # (None: the run's, else 13).
+    decontaminate: tuple[str, ...] | None = None
+    benchmark_field: str | None = None
+    ngram: int | None = None
 
 
 class ServerFacts(NamedTuple):
@@ -473,9 +476,11 @@ class Plan:
         pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
         return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
 
-    def manifest_record(self, server: ServerFacts, concurrency: Mapping[str, Any]) -> dict[str, Any]:
-        """run.json as it stands now (`concurrency`: the cap's record); the entries of
-        datasets an earlier run wrote and this one does not send are kept."""
+    def manifest_record(self, server: ServerFacts, concurrency: Mapping[str, Any],
+                        benchmarks: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """run.json as it stands now (`concurrency`: the cap's record, `benchmarks` the
+        record of the benchmarks looked for); the entries of datasets an earlier run wrote
+        and this one does not send are kept."""
         datasets = dict(dataset_entries(self.previous))
         for name, ds in self.datasets.items():
             datasets[name] = self._dataset_record(ds)
@@ -492,6 +497,7 @@ class Plan:
             "options": dataclasses.asdict(self.options),
             "order_seed": self.order_seed,
             "concurrency": dict(concurrency),
+            "benchmarks": None if benchmarks is None else dict(benchmarks),
             "datasets": datasets,
         }
 

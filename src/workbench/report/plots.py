@@ -1184,8 +1184,8 @@ def quality_view(table: pd.DataFrame, *, benchmarks: bool = False) -> Rendered:
     note = ('<p class="wb-note">dup: the same ids (prompts: ids, or normalised words of a text) '
             "as an earlier prompt or reply of the run (the first copy is not counted); near-dup: "
             "a MinHash estimate of shingle overlap at the near-duplicate threshold or more; "
-            "contam.: holds an n-gram of a benchmark given with --decontaminate ('-': none "
-            "given); loops and special-heavy: the repetition and special_heavy rules (a reply "
+            "contam.: holds an n-gram of a benchmark (<code>decontaminate</code>, else the ones "
+            "generate was given; '-': none); loops and special-heavy: the repetition and special_heavy rules (a reply "
             "mostly inside repeated n-grams, or mostly special ids); no answer: reasoning that "
             "never reached an answer (no think-end id, nothing after it, or cut inside it).</p>")
     return Rendered(f'<div class="wb-report">{body}{note}</div>', _records(table))
@@ -1215,19 +1215,22 @@ def repetition_figure(hist: pd.DataFrame, threshold: float,
     return fig
 
 
-def contamination_view(table: pd.DataFrame) -> Rendered:
+def contamination_view(table: pd.DataFrame, notes: Sequence[str] = ()) -> Rendered:
     """Per benchmark and dataset, the prompts and replies holding one of its n-grams
-    (quality_frames.contamination_table)."""
+    (quality_frames.contamination_table); `notes`: lines on how the benchmarks were chosen
+    (the run's, files gone), shown above."""
+    said = "".join(f'<p class="wb-note">{html.escape(note)}</p>' for note in notes)
     if table.empty:
-        return Rendered('<div class="wb-report"><p class="wb-note">No benchmark given: '
-                        "pass <code>decontaminate</code> (benchmark files) to look for "
-                        "them.</p></div>", [])
+        return Rendered(f'<div class="wb-report">{said}<p class="wb-note">No benchmark looked '
+                        "for: pass <code>decontaminate</code> (benchmark files), or "
+                        "<code>workbench generate --decontaminate</code> to keep them with the "
+                        "run.</p></div>", [])
     rows = [[r["benchmark"], f"{r['items']:,}" + (f" ({r['skipped']:,} too short)" if r["skipped"] else ""),
              r["dataset"], _count(r["prompts"]), _count(r["replies"])]
             for r in table.to_dict("records")]
     body = _table(["benchmark", "items", "dataset", "prompts", "replies"], rows, numeric=(3, 4),
                   caption="Records holding an n-gram of a benchmark item")
-    return Rendered(f'<div class="wb-report">{body}</div>', _records(table))
+    return Rendered(f'<div class="wb-report">{said}{body}</div>', _records(table))
 
 
 def scores_view(scores: pd.DataFrame) -> go.Figure | Rendered:

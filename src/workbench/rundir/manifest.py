@@ -13,6 +13,11 @@ server URL, the model and what the session adds (the dispatcher: its concurrency
 a session that sent nothing). A resumed run adds an entry, never replaces one; the other
 keys describe the latest session that sent something.
 
+``benchmarks`` names the benchmark files generate kept each record's overlap with
+(``{"files": [absolute paths], "field": prompt field or null, "ngram": n}``; absent or null
+when it was given none): a resumed run keeps looking for them, and validate, the reports and
+export look for them unless told otherwise (:func:`choose_benchmarks`).
+
 ``events`` lists what the run noticed about its server (the dispatcher's watchdog), oldest
 first, across sessions (at most :data:`EVENTS_LIMIT`, the latest kept): each an object
 ``{"ts": unix time, "kind": "stalled" | "degraded" | "recovered" | ..., "message": one line,
@@ -28,7 +33,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from workbench.errors import DataError
 from workbench.rundir.files import write_atomic
@@ -36,9 +41,13 @@ from workbench.rundir.layout import MANIFEST_FILE
 from workbench.rundir.storage import storage_error
 
 __all__ = [
+    "DEFAULT_NGRAM",
     "EVENTS_LIMIT",
     "HISTORY_LIMIT",
+    "BenchmarkChoice",
     "ManifestWatcher",
+    "benchmarks_record",
+    "choose_benchmarks",
     "dataset_entries",
     "manifest_path",
     "read_manifest",
@@ -50,6 +59,7 @@ __all__ = [
 HISTORY_LIMIT = 1000
 EVENTS_LIMIT = 1000
 _SESSION_KEYS = ("workbench_version", "server_url", "model")
+DEFAULT_NGRAM = 13  # words in a benchmark n-gram: the usual rule
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -107,6 +117,60 @@ def with_events(manifest: Mapping[str, Any], previous: Mapping[str, Any],
     earlier = previous.get("events")
     kept = [e for e in earlier if isinstance(e, dict)] if isinstance(earlier, list) else []
     return {**manifest, "events": [*kept, *map(dict, events)][-EVENTS_LIMIT:]}
+
+
+class BenchmarkChoice(NamedTuple):
+    """The benchmarks a command looks for: `files` (none: no contamination check), their
+    prompt `field` and `ngram`; `recorded`: taken from run.json (not given), `gone`: files
+    run.json names that are no longer there (left out)."""
+
+    files: tuple[str, ...] = ()
+    field: str | None = None
+    ngram: int = DEFAULT_NGRAM
+    recorded: bool = False
+    gone: tuple[str, ...] = ()
+
+    def notes(self) -> list[str]:
+        """What a user is told of benchmarks they did not name: the run's looked for, and
+        one line per file left out saying how to look for it again."""
+        names = ", ".join(Path(p).name for p in self.files)
+        taken = ([f"looking for the run's benchmarks (run.json): {names} (--no-decontaminate: none)"]
+                 if self.recorded and self.files else [])
+        gone = [(f"{path}: a benchmark of this run (run.json) that is no longer there, so it "
+                 "is not looked for (pass --decontaminate with its new place)") for path in self.gone]
+        return taken + gone
+
+
+def benchmarks_record(choice: BenchmarkChoice) -> dict[str, Any] | None:
+    """run.json's ``benchmarks`` for the benchmarks a session looks for (None: none), the
+    recorded ones that are gone still named; the paths absolute, so a reader in another
+    folder finds them."""
+    files = [*choice.files, *choice.gone]
+    if not files:
+        return None
+    return {"files": [str(Path(path).expanduser().resolve()) for path in files],
+            "field": choice.field, "ngram": choice.ngram}
+
+
+def choose_benchmarks(manifest: Mapping[str, Any], files: Sequence[str] | None,
+                      field: str | None = None, ngram: int | None = None) -> BenchmarkChoice:
+    """The benchmarks to look for: `files` when given (an empty list: none), else the ones
+    run.json records (its field and n-gram unless `field` / `ngram` are given) that still
+    exist. A ``benchmarks`` entry of the wrong shape counts as none."""
+    if files is not None:
+        return BenchmarkChoice(tuple(files), field, ngram or DEFAULT_NGRAM)
+    record = manifest.get("benchmarks")
+    if not isinstance(record, dict) or not isinstance(record.get("files"), list):
+        return BenchmarkChoice(field=field, ngram=ngram or DEFAULT_NGRAM)
+    paths = [path for path in record["files"] if isinstance(path, str) and path]
+    recorded_field = record.get("field") if isinstance(record.get("field"), str) else None
+    recorded_ngram = record.get("ngram")
+    if not isinstance(recorded_ngram, int) or isinstance(recorded_ngram, bool) or recorded_ngram < 1:
+        recorded_ngram = DEFAULT_NGRAM
+    return BenchmarkChoice(tuple(p for p in paths if Path(p).is_file()),
+                           field if field is not None else recorded_field,
+                           ngram or recorded_ngram, recorded=True,
+                           gone=tuple(p for p in paths if not Path(p).is_file()))
 
 
 def write_manifest(out: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:
