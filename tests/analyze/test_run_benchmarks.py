@@ -93,9 +93,12 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
     assert checked.returncode == 0, checked.stderr
     assert _counts(checked.stdout)["contaminated_prompt"] == len(quoting) > 0
     assert "looking for the run's benchmarks (run.json): tiny.jsonl" in checked.stderr
-    plain = workbench("validate", str(out), "--no-decontaminate")
-    assert plain.returncode == 0 and "contaminated_prompt" not in plain.stdout
-    assert plain.stderr == ""
+    assert "benchmarks looked for: tiny\n" in checked.stdout
+    plain = workbench("validate", str(out), "--no-decontaminate", "--json")
+    assert plain.returncode == 0 and plain.stderr == ""
+    data = json.loads(plain.stdout)
+    assert data["benchmarks"] == [] and "contaminated_prompt" not in plain.stdout
+    assert json.loads(workbench("validate", str(out), "--json").stdout)["benchmarks"] == ["tiny"]
 
     # export --drop contaminated takes them too
     rows = tmp_path / "rows.jsonl"

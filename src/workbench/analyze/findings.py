@@ -71,12 +71,17 @@ class DatasetReport(msgspec.Struct):
 
 
 class ValidationReport(msgspec.Struct):
+    """`benchmarks`: the names of the benchmarks looked for (none: contamination was not
+    checked, and no ``contaminated_*`` finding can show)."""
+
     ok: bool
     model_profile: str
     datasets: dict[str, DatasetReport]
+    benchmarks: list[str] = msgspec.field(default_factory=list)
 
     def to_builtins(self) -> dict[str, Any]:
-        """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...}}."""
+        """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...},
+        "benchmarks": [...]}."""
         data: dict[str, Any] = msgspec.to_builtins(self)
         return data
 

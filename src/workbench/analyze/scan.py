@@ -125,7 +125,8 @@ def scan_run(
     reports = {ds.name: dataset_report(scan, prompt, thresholds,
                                         ds.settings.get("budget_reached") is True, data[ds.name])
                for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
-    report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports)
+    report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports,
+                              decontaminate.names if decontaminate is not None else [])
     return RunScan(run, profile, {ds.name: scan for ds, scan in zip(run.datasets, scans, strict=True)},
                    report)
 

@@ -41,6 +41,8 @@ def validate_run(
 def format_report(report: ValidationReport) -> str:
     """The report as lines of text for a terminal."""
     lines = [f"model profile {report.model_profile}: {'ok' if report.ok else 'FAILED'}"]
+    if report.benchmarks:
+        lines.append(f"benchmarks looked for: {', '.join(report.benchmarks)}")
     for name, ds in report.datasets.items():
         prompts = "?" if ds.prompts is None else f"{ds.prompts:,}"
         lines.append(f"{name}: {ds.records:,} records, {prompts} prompts: "
