@@ -411,7 +411,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     benchmarks = run_benchmarks(load_run(args.out, args.only), args.decontaminate,
                                 field=args.benchmark_field, ngram=args.ngram,
                                 tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code)
-    for note in benchmarks.choice.notes():
+    for note in benchmarks.notes:
         print(f"workbench: note: {note}", file=sys.stderr)
     decontaminate = benchmarks.decontaminate
     thresholds = Thresholds(near_duplicate_threshold=args.near_threshold)

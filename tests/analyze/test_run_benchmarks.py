@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import BENCH, jsonl, text_prompts, workbench, write_manifest
+from conftest import BENCH, EXAMPLES, jsonl, text_prompts, workbench, write_manifest
 
 from workbench.analyze import quality_frames
 from workbench.analyze.scan import scan_run
@@ -76,8 +76,11 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
     folder = tmp_path / "job"
     (folder / "bench").mkdir(parents=True)
     shutil.copy(BENCH, folder / "bench" / "tiny.jsonl")
+    tokenizer = folder / "tokenizer"
+    shutil.copytree(EXAMPLES / "tokenizer", tokenizer)
     manifest = write_manifest(folder, [{"name": "t", "path": str(text_prompts(folder, 24)),
-                                        "input": "text", "max_samples": 16}])
+                                        "input": "text", "max_samples": 16}],
+                              tokenizer=str(tokenizer))
     out = tmp_path / "out"
     sim = start_sim()
     _generate(sim, manifest, out, "--decontaminate", "bench/tiny.jsonl", cwd=folder)  # relative
@@ -110,7 +113,7 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
 
     # a resumed run keeps looking for them: the new replies' overlaps are kept too
     manifest = write_manifest(folder, [{"name": "t", "path": str(folder / "texts.jsonl"),
-                                        "input": "text"}])  # all 24 now
+                                        "input": "text"}], tokenizer=str(tokenizer))  # all 24
     said = _generate(sim, manifest, out)
     assert "looking for the run's benchmarks (run.json): tiny.jsonl" in said
     benchmarks = quality_frames.decontamination(out, None)
@@ -131,7 +134,7 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
     assert f"{bench}: a benchmark of this run (run.json) that is no longer there" in checked.stderr
     gone = quality_frames.decontamination(out, None)
     view = plots.contamination_view(quality_frames.contamination_table(scan_run(out, workers=1), None),
-                                    gone.choice.notes()).html
+                                    gone.notes).html
     assert "no longer there" in view and "No benchmark looked for" in view
     refused = workbench("export", str(out), "--to", str(tmp_path / "no.jsonl"), "--drop", "contaminated")
     assert refused.returncode == 2 and not (tmp_path / "no.jsonl").exists()
@@ -141,6 +144,20 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
     assert read_manifest(out)["benchmarks"]["files"] == [str(bench)]
     moved = workbench("validate", str(out), "--decontaminate", str(folder / "bench" / "moved.jsonl"))
     assert _counts(moved.stdout)["contaminated_prompt"] == 6
+
+    # the run's tokenizer gone: its benchmarks are still looked for in the text prompts, and
+    # validate says the ids are not read; export, which must not miss a record, refuses
+    (folder / "bench" / "moved.jsonl").rename(bench)
+    tokenizer.rename(folder / "elsewhere")
+    partial = workbench("validate", str(out))
+    assert partial.returncode == 0, partial.stderr
+    assert _counts(partial.stdout)["contaminated_prompt"] == 6
+    assert "looked for in text prompts only, not in ids" in partial.stderr
+    assert "--tokenizer DIR" in partial.stderr
+    refused = workbench("export", str(out), "--to", str(tmp_path / "no.jsonl"), "--drop", "contaminated")
+    assert refused.returncode == 2 and "tokenizer" in refused.stderr
+    assert not (tmp_path / "no.jsonl").exists()
+    (folder / "elsewhere").rename(tokenizer)
 
     # --no-decontaminate: the run forgets them
     _generate(sim, manifest, out, "--no-decontaminate")

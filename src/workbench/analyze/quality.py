@@ -90,25 +90,40 @@ MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their p
 
 
 class RunBenchmarks(NamedTuple):
-    """The benchmarks a command looks for (`decontaminate`: None when none) and how they
-    were chosen (`choice`: given or run.json's, the recorded files that are gone)."""
+    """The benchmarks a command looks for (`decontaminate`: None when none), how they were
+    chosen (`choice`: given or run.json's, the recorded files that are gone) and what to
+    tell of it (`notes`: lines for a user who did not name them)."""
 
     decontaminate: Decontamination | None
     choice: BenchmarkChoice
+    notes: tuple[str, ...] = ()
 
 
 def run_benchmarks(run: RunInfo, files: Sequence[str] | None, *, field: str | None = None,
                    ngram: int | None = None, tokenizer: str | None = None,
-                   trust_remote_code: bool = False) -> RunBenchmarks:
+                   trust_remote_code: bool = False, whole: bool = False) -> RunBenchmarks:
     """The benchmarks of `files` (an empty list: none), else the ones run.json records
     (:func:`workbench.rundir.manifest.choose_benchmarks`), loaded with the tokenizer that
-    reads the run's ids (:func:`run_tokenizer`); DataError naming a bad file and line."""
+    reads the run's ids (:func:`run_tokenizer`); DataError naming a bad file and line.
+
+    The run's own benchmarks, when no tokenizer is given and the run's cannot be loaded (not
+    installed, moved), are looked for in text prompts only, and a note says so; ConfigError
+    instead with `whole` (what must not miss a record: export) or benchmarks given."""
     choice = choose_benchmarks(run.manifest, files, field, ngram)
+    notes = choice.notes()
     if not choice.files:
-        return RunBenchmarks(None, choice)
-    reader = run_tokenizer(run, tokenizer, trust_remote_code)
-    return RunBenchmarks(Decontamination.load(choice.files, field=choice.field,
-                                              ngram=choice.ngram, tokenizer=reader), choice)
+        return RunBenchmarks(None, choice, tuple(notes))
+    try:
+        reader = run_tokenizer(run, tokenizer, trust_remote_code)
+    except ConfigError as exc:
+        if whole or not choice.recorded or tokenizer is not None:
+            raise
+        reader = None
+        notes.append(f"the run's benchmarks are looked for in text prompts only, not in ids: "
+                     f"{exc} (pass --tokenizer DIR)")
+    decontaminate = Decontamination.load(choice.files, field=choice.field, ngram=choice.ngram,
+                                         tokenizer=reader)
+    return RunBenchmarks(decontaminate, choice, tuple(notes))
 
 
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:

@@ -241,7 +241,7 @@ def _drop_benchmarks(run: RunInfo, options: ExportOptions) -> Decontamination:
     holding it would be exported)."""
     benchmarks = run_benchmarks(run, options.decontaminate, field=options.benchmark_field,
                                 ngram=options.ngram, tokenizer=options.tokenizer,
-                                trust_remote_code=options.trust_remote_code)
+                                trust_remote_code=options.trust_remote_code, whole=True)
     if benchmarks.choice.gone:
         raise ConfigError("--drop", f"contaminated: the run's benchmark {benchmarks.choice.gone[0]} "
                                     "(run.json) is no longer there: pass --decontaminate with "
