@@ -42,6 +42,7 @@ import numpy as np
 from workbench.errors import ConfigError, DataError
 
 __all__ = [
+    "DEFAULT_BENCHMARK_NGRAM",
     "DEFAULT_NUM_PERM",
     "DEFAULT_REPEAT_NGRAM",
     "DEFAULT_SHINGLE",
@@ -68,6 +69,7 @@ __all__ = [
 DEFAULT_SHINGLE = 3  # ids per shingle: 5-10% of ids changed still leaves Jaccard 0.55-0.75
 DEFAULT_NUM_PERM = 128  # signature entries: the estimate's spread is about 0.045 at 0.5
 DEFAULT_THRESHOLD = 0.5  # estimated Jaccard of a near duplicate (bench/dedup.py tunes the three)
+DEFAULT_BENCHMARK_NGRAM = 13  # words per benchmark n-gram: the usual decontamination rule
 DEFAULT_REPEAT_NGRAM = 10  # ids per n-gram of the repeated-n-gram share (a loop's period or more)
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "instruction", "input", "text", "turns")
@@ -815,7 +817,8 @@ class Benchmarks:
         self._bits = np.bitwise_or.reduceat(bits, np.flatnonzero(new)) if len(bits) else bits
 
     @classmethod
-    def load(cls, paths: Sequence[Path | str], field: str | None = None, n: int = 13) -> Benchmarks:
+    def load(cls, paths: Sequence[Path | str], field: str | None = None,
+             n: int = DEFAULT_BENCHMARK_NGRAM) -> Benchmarks:
         """Read benchmark files: JSONL (one object per line) or Parquet (.parquet, .pq).
 
         The prompt is `field` if given, else the first of :data:`PROMPT_FIELDS` the file has
@@ -960,7 +963,7 @@ class Decontamination:
 
     @classmethod
     def load(cls, paths: Sequence[str | os.PathLike[str]], *, field: str | None = None,
-             ngram: int = 13, tokenizer: Any = None) -> Decontamination:
+             ngram: int = DEFAULT_BENCHMARK_NGRAM, tokenizer: Any = None) -> Decontamination:
         """The benchmark files (JSONL or Parquet; DataError naming a bad file and line) and
         the tokenizer that decodes the run's ids (None: ids are not looked at)."""
         benchmarks = Benchmarks.load([Path(p) for p in paths], field, n=ngram)

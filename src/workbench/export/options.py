@@ -40,8 +40,8 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     for --drop-truncated), or of :data:`RUN_DROPS`: replies equal to an earlier one
     ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
     n-gram of a benchmark of `decontaminate`, by default the ones generate was given
-    ("contaminated"; `benchmark_field` names the benchmark files' prompt field, `ngram` the n); `near_threshold` is the estimated Jaccard
-    similarity of near duplicates. `limit`: rows per dataset at most. `shuffle`: mix the rows of all
+    ("contaminated"; `benchmark_field` names the benchmark files' prompt field, `ngram` the
+    n); `near_threshold` is the estimated Jaccard similarity of near duplicates. `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
     `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);

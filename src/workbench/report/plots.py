@@ -1185,8 +1185,9 @@ def quality_view(table: pd.DataFrame, *, benchmarks: bool = False) -> Rendered:
             "as an earlier prompt or reply of the run (the first copy is not counted); near-dup: "
             "a MinHash estimate of shingle overlap at the near-duplicate threshold or more; "
             "contam.: holds an n-gram of a benchmark (<code>decontaminate</code>, else the ones "
-            "generate was given; '-': none); loops and special-heavy: the repetition and special_heavy rules (a reply "
-            "mostly inside repeated n-grams, or mostly special ids); no answer: reasoning that "
+            "generate was given; '-': none); loops and special-heavy: the repetition and "
+            "special_heavy rules (a reply mostly inside repeated n-grams, or mostly special "
+            "ids); no answer: reasoning that "
             "never reached an answer (no think-end id, nothing after it, or cut inside it).</p>")
     return Rendered(f'<div class="wb-report">{body}{note}</div>', _records(table))
 

@@ -39,9 +39,9 @@ from workbench.errors import DataError
 from workbench.rundir.files import write_atomic
 from workbench.rundir.layout import MANIFEST_FILE
 from workbench.rundir.storage import storage_error
+from workbench.sketch import DEFAULT_BENCHMARK_NGRAM
 
 __all__ = [
-    "DEFAULT_NGRAM",
     "EVENTS_LIMIT",
     "HISTORY_LIMIT",
     "BenchmarkChoice",
@@ -59,7 +59,6 @@ __all__ = [
 HISTORY_LIMIT = 1000
 EVENTS_LIMIT = 1000
 _SESSION_KEYS = ("workbench_version", "server_url", "model")
-DEFAULT_NGRAM = 13  # words in a benchmark n-gram: the usual rule
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -126,7 +125,7 @@ class BenchmarkChoice(NamedTuple):
 
     files: tuple[str, ...] = ()
     field: str | None = None
-    ngram: int = DEFAULT_NGRAM
+    ngram: int = DEFAULT_BENCHMARK_NGRAM
     recorded: bool = False
     gone: tuple[str, ...] = ()
 
@@ -158,15 +157,15 @@ def choose_benchmarks(manifest: Mapping[str, Any], files: Sequence[str] | None,
     run.json records (its field and n-gram unless `field` / `ngram` are given) that still
     exist. A ``benchmarks`` entry of the wrong shape counts as none."""
     if files is not None:
-        return BenchmarkChoice(tuple(files), field, ngram or DEFAULT_NGRAM)
+        return BenchmarkChoice(tuple(files), field, ngram or DEFAULT_BENCHMARK_NGRAM)
     record = manifest.get("benchmarks")
     if not isinstance(record, dict) or not isinstance(record.get("files"), list):
-        return BenchmarkChoice(field=field, ngram=ngram or DEFAULT_NGRAM)
+        return BenchmarkChoice(field=field, ngram=ngram or DEFAULT_BENCHMARK_NGRAM)
     paths = [path for path in record["files"] if isinstance(path, str) and path]
     recorded_field = record.get("field") if isinstance(record.get("field"), str) else None
     recorded_ngram = record.get("ngram")
     if not isinstance(recorded_ngram, int) or isinstance(recorded_ngram, bool) or recorded_ngram < 1:
-        recorded_ngram = DEFAULT_NGRAM
+        recorded_ngram = DEFAULT_BENCHMARK_NGRAM
     return BenchmarkChoice(tuple(p for p in paths if Path(p).is_file()),
                            field if field is not None else recorded_field,
                            ngram or recorded_ngram, recorded=True,
