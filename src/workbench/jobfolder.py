@@ -92,7 +92,8 @@ params/datasets.try.yaml sends it the prompts of examples/ (well under a minute)
 ```bash
 workbench sim --port {TRY_PORT} --enable-metrics > sim.log 2>&1 & SIM=$!   # any free port
 until curl -sf {_SERVER}/health > /dev/null; do sleep 1; done   # wait (see sim.log)
-workbench generate --datasets params/datasets.try.yaml --server {_SERVER} --out {TRY_RUN_DIR}
+workbench generate --datasets params/datasets.try.yaml --server {_SERVER} --out {TRY_RUN_DIR} \\
+    --decontaminate examples/benchmarks/tiny_bench.jsonl
 workbench stats {TRY_RUN_DIR}
 workbench validate {TRY_RUN_DIR}
 workbench report token_distribution -p run_dir={TRY_RUN_DIR}
@@ -101,8 +102,10 @@ workbench export {TRY_RUN_DIR} --to {TRY_RUN_DIR}/train.jsonl
 kill $SIM                                                # stop the simulator
 ```
 
-`validate` lists the replies cut at `max_new_tokens` (kept small here) among its findings; it
-exits 1 on an error only with `--strict`. Each report prints the path of its HTML file last
+`validate` lists the replies cut at `max_new_tokens` (kept small here) among its findings, and
+the prompts quoting the made-up benchmark generate was given (run.json keeps it, so validate,
+the reports and `export --drop contaminated` look for it too); it exits 1 on an error only with
+`--strict`. Each report prints the path of its HTML file last
 (outputs/reports/NAME-latest/ links to the newest); `-p` paths are taken from this folder. Run
 the generate line again and it resumes: finished samples are skipped. A server sweep on the
 simulator (about three minutes; it starts its own simulators, one per configuration):
