@@ -19,7 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.sim import SimConfig, create_app
-from workbench.sim.engine import Engine, Request
+from workbench.sim.engine import Engine
+from workbench.sim.request import Request
 
 KIMI_END = 163586
 KIMI_EOS = 163585

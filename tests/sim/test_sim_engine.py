@@ -16,15 +16,14 @@ import pytest
 
 from workbench.errors import ConfigError
 from workbench.profiles import get_profile
+from workbench.sim.batch import POOL_FULL_MESSAGE
 from workbench.sim.cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from workbench.sim.engine import (
     ABORT_MESSAGE,
     MAX_LAG_SECONDS,
-    POOL_FULL_MESSAGE,
     QUEUE_ABORT_MESSAGE,
     Engine,
     EngineLoop,
-    Request,
     Step,
 )
 from workbench.sim.outputs import (
@@ -44,6 +43,7 @@ from workbench.sim.profiles import (
     prefill_budget,
     step_seconds,
 )
+from workbench.sim.request import Request
 
 KIMI = get_profile("kimi-k2.5")
 THINK_START, THINK_END, IM_END = 163606, 163607, 163586

@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench.errors import ConfigError
 from workbench.server.metrics import cache_hit_rate, parse_metrics
 from workbench.sim import SimConfig, add_sim_arguments, config_from_args, create_app
-from workbench.sim.engine import Request
 from workbench.sim.profiles import (
     get_sim_profile,
     load_sim_profile,
     plan_sizing,
     profile_yaml,
 )
+from workbench.sim.request import Request
 from workbench.sim.server import SimServer
 
 

@@ -5,8 +5,9 @@ its engine request (the server creates jobs, the HTTP layer waits on them, repli
 from __future__ import annotations
 
 from workbench.sim.completion import Completion
-from workbench.sim.engine import Engine, Request
+from workbench.sim.engine import Engine
 from workbench.sim.protocol import GenerateItem
+from workbench.sim.request import Request
 
 __all__ = ["Job"]
 

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from workbench.sim.engine import Engine, Request
+from workbench.sim.engine import Engine
+from workbench.sim.request import Request
 
 __all__ = ["SimMetrics"]
 

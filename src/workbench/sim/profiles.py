@@ -37,7 +37,7 @@ Step time (`step_seconds`, model time; the server divides it by --speed)
               / 1000
     Kimi: 25 ms + 0.4 ms per running request.
 
-What the sweep sees, with the pool limiting admission (see `workbench.sim.engine`):
+What the sweep sees, with the pool limiting admission (see `workbench.sim.batch`):
     more mem_fraction_static or a smaller KV dtype -> more pool tokens -> more requests
     running at once -> more output tok/s, until the per-request part of the step dominates
     (the step becomes compute-bound); with fp8_step_factor > 1 a larger batch of fp8 KV can

@@ -12,6 +12,10 @@ A request aborted while it waited in the queue is answered by `_handle_abort_req
 meta_info holds only `id`, `finish_reason` (`{"type": "abort", "message": "Abort in waiting
 queue"}`, no status code), `weight_version`, `e2e_latency`, the logprob keys when asked and
 `completion_tokens`; a streamed one carries only its last output id.
+
+Two replies need no engine (`fixed_reply`, `abort_reply`): the fixed-latency mode's, its
+planned output as one piece, and that of a request an injected fault aborts (SGLang's abort:
+503); both carry the plain meta_info keys, nothing cached, no retraction.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from typing import Any, NamedTuple
 from workbench.profiles import ModelProfile
 from workbench.sim.completion import extend_text, logprob_fields, reply_text
 from workbench.sim.job import Job
-from workbench.sim.protocol import abort_reason
+from workbench.sim.outputs import fixed_output, render_text
+from workbench.sim.protocol import GenerateItem, abort_reason
 
-__all__ = ["ReplyOptions", "generate_reply"]
+__all__ = ["FAULT_ABORT_MESSAGE", "ReplyOptions", "abort_reply", "fixed_reply", "generate_reply"]
 
 WEIGHT_VERSION = "default"
+FAULT_ABORT_MESSAGE = "Abort request: injected fault"
 
 
 class ReplyOptions(NamedTuple):
@@ -150,3 +156,43 @@ def _final_times(job: Job, e2e_latency: float) -> dict[str, Any]:
         times["request_finished_ts"] = _realtime(request.finished_at)
     times["response_sent_to_client_ts"] = time.time()
     return times
+
+
+def fixed_reply(item: GenerateItem, model: ModelProfile, e2e_latency: float) -> dict[str, Any]:
+    """The fixed-latency mode's reply: the fixed output for the sequence as given."""
+    plan = fixed_output(model, item.max_new_tokens)
+    finish: dict[str, Any] = (
+        {"type": "stop", "matched": plan.matched}
+        if plan.finish == "stop"
+        else {"type": "length", "length": item.max_new_tokens}
+    )
+    return _plain_reply(item, model, plan.output_ids, finish, e2e_latency)
+
+
+def abort_reply(item: GenerateItem, model: ModelProfile, e2e_latency: float) -> dict[str, Any]:
+    """The reply of a request aborted by an injected fault (SGLang's abort: 503)."""
+    return _plain_reply(item, model, [], abort_reason(FAULT_ABORT_MESSAGE), e2e_latency)
+
+
+def _plain_reply(
+    item: GenerateItem,
+    model: ModelProfile,
+    ids: list[int],
+    finish: dict[str, Any],
+    e2e_latency: float,
+) -> dict[str, Any]:
+    return {
+        "text": render_text(ids, model),
+        "output_ids": ids,
+        "meta_info": {
+            "id": item.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(item.input_ids),
+            "weight_version": WEIGHT_VERSION,
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "e2e_latency": e2e_latency,
+        },
+    }

@@ -1,10 +1,12 @@
-"""The simulated server's state: engines per data-parallel rank, metrics, faults, info replies.
+"""The simulated server's state: engines per data-parallel rank, metrics, faults, jobs.
 
-Prompts go to the ranks round robin, as SGLang's data-parallel controller sends them. The
-server knows its unfinished jobs by rid, as the tokenizer manager's `rid_to_state`, for
-POST /abort_request (`abort_request`): an unknown or empty rid is ignored; a known one aborts,
-on every rank, each request whose rid starts with it (the scheduler matches by prefix); and
-`abort_all` aborts everything. While a stall fault holds the scheduler, aborts wait for its end.
+Prompts go to the ranks round robin, as SGLang's data-parallel controller sends them; the
+server plans each sequence's output and queues it (`start_job`). Its other parts:
+
+    loops          one `workbench.sim.engine.EngineLoop` per data-parallel rank
+    jobs           `workbench.sim.aborts.LiveJobs`: unfinished jobs by rid, aborts
+    info           `workbench.sim.info.ServerInfo`: /server_info, /model_info, /v1/models
+    reply_options  settings of `workbench.sim.replies`, which shapes every /generate reply
 
 Fault state lives here too: the per-request draws (`faults`), the prompt truncations
 (`truncations`, applied to every sequence but health checks as it is queued) and the timed
@@ -17,41 +19,29 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shlex
-import sys
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import msgspec
-
-from workbench.errors import InputError
 from workbench.profiles import get_profile
-from workbench.resources import data_dir
+from workbench.sim.aborts import LiveJobs
 from workbench.sim.cache import block_hashes
 from workbench.sim.completion import complete, reasoning_length
 from workbench.sim.config import SimConfig
 from workbench.sim.drift import DriftSettings, diverge, flip_at
-from workbench.sim.engine import Engine, EngineLoop, Request
+from workbench.sim.engine import Engine, EngineLoop
 from workbench.sim.faults import FaultPlan, TimedFaults, TruncationPlan
+from workbench.sim.info import ServerInfo
 from workbench.sim.job import Job
 from workbench.sim.metrics import SimMetrics
-from workbench.sim.outputs import (
-    fixed_output,
-    output_seed,
-    plan_output,
-    render_text,
-)
-from workbench.sim.profiles import GB, get_sim_profile, plan_sizing, step_seconds
-from workbench.sim.protocol import GenerateItem, Limits, abort_reason
-from workbench.sim.replies import ReplyOptions, generate_reply
+from workbench.sim.outputs import output_seed, plan_output
+from workbench.sim.profiles import get_sim_profile, plan_sizing, step_seconds
+from workbench.sim.protocol import GenerateItem, Limits
+from workbench.sim.replies import ReplyOptions, abort_reply, fixed_reply, generate_reply
+from workbench.sim.request import Request
 
-__all__ = ["CLIENT_GONE_MESSAGE", "EXIT_MESSAGE", "FAULT_ABORT_MESSAGE", "VERSION", "SimServer"]
+__all__ = ["EXIT_MESSAGE", "SimServer"]
 
-VERSION = "0.5.23"  # the SGLang release whose API the simulator follows
-FAULT_ABORT_MESSAGE = "Abort request: injected fault"
-CLIENT_GONE_MESSAGE = "Abort request: the client disconnected"
 EXIT_MESSAGE = "Injected fault: the server process exits with status 1 (--fault-exit-after {0:g})"
 EXIT_STATUS = 1
 
@@ -118,9 +108,15 @@ class SimServer:
             for rank in range(config.dp_size)
         ]
         self.metrics.engines = self.engines
-        self.created = int(time.time())
-        self.startup_time = time.time()
-        self.launch_command = shlex.join(_without_api_key(sys.argv))
+        self.info = ServerInfo(
+            config,
+            self.profile,
+            self.model,
+            self.sizing,
+            self.engines,
+            mem_fraction_static=self.mem_fraction_static,
+            tp_size=self.tp_size,
+        )
         self.drift = DriftSettings(
             fp8=self.sizing.kv_cache_dtype.startswith("fp8"),
             deterministic=config.enable_deterministic_inference,
@@ -135,7 +131,7 @@ class SimServer:
             logprob_noise=self.profile.fidelity.fp8_logprob_noise if self.drift.fp8 else 0.0,
         )
         self._ranks = itertools.cycle(enumerate(self.loops))
-        self._live: set[Job] = set()  # unfinished jobs, health checks left out
+        self.jobs = LiveJobs(self.loops, self.metrics)
 
     def _warn_pool_cap(self, log: Callable[[str], None] | None) -> None:
         """SGLang's warning when --max-total-tokens asks for more than the memory holds."""
@@ -206,9 +202,9 @@ class SimServer:
         )
         job = Job(item, completion, request, loop.engine, rank)
         job.reasoning_length = reasoning_length(completion.output_ids, self.model)
-        request.on_update = partial(self._updated, job, on_update)
+        request.on_update = partial(self.jobs.updated, job, on_update)
         if not health:
-            self._live.add(job)
+            self.jobs.add(job)
         loop.submit(request)
         return job
 
@@ -226,46 +222,17 @@ class SimServer:
             return item
         return item._replace(prompt=kept, input_ids=kept)
 
-    def _updated(self, job: Job, on_update: Callable[[], None]) -> None:
-        """A job's request published: forget it once done, then tell its waiter."""
-        if job.request.done:
-            self._live.discard(job)
-        on_update()
-
     def output_since(self, moment: float) -> bool:
         """Whether any rank published output after `moment` (time.perf_counter)."""
         return any(engine.last_output_at > moment for engine in self.engines)
 
     def cancel(self, job: Job) -> None:
         """Abort a job whose client went away (the tokenizer manager's abort, counted)."""
-        self._live.discard(job)
-        if job.engine.cancel(job.request, CLIENT_GONE_MESSAGE):
-            self.metrics.abort_sent()
+        self.jobs.cancel(job)
 
     def abort_request(self, rid: str, *, abort_all: bool = False) -> int:
-        """POST /abort_request (tokenizer_manager `abort_request`, scheduler `abort_request`);
-        returns how many requests it aborted. Waiting ones are answered at once, running
-        ones at the next step; during a stall the abort waits for its end (and counts 0)."""
-        if not abort_all and not self._knows(rid):
-            return 0
-        self.metrics.abort_sent()
-        if abort_all:
-            matches: Callable[[Request], bool] = _everything
-        else:
-            matches = {job.request for job in self._live if job.item.rid.startswith(rid)}.__contains__
-        aborted = 0
-
-        def run(engine: Engine) -> None:
-            nonlocal aborted
-            aborted += engine.abort(matches)
-
-        for loop in self.loops:
-            loop.when_running(partial(run, loop.engine))
-        return aborted
-
-    def _knows(self, rid: str) -> bool:
-        """Whether `rid` names an unfinished request (an empty one never does)."""
-        return bool(rid) and any(job.item.rid == rid for job in self._live)
+        """POST /abort_request (`LiveJobs.abort_request`); returns how many it aborted."""
+        return self.jobs.abort_request(rid, abort_all=abort_all)
 
     async def exit_when_due(self) -> None:
         """The --fault-exit-after crash: at its time, one log line, then `exit_process(1)`
@@ -284,37 +251,11 @@ class SimServer:
 
     def fixed_reply(self, item: GenerateItem, e2e_latency: float) -> dict[str, Any]:
         """The fixed-latency mode's reply (the truncation fault applies)."""
-        item = self.truncated(item)
-        plan = fixed_output(self.model, item.max_new_tokens)
-        finish: dict[str, Any] = (
-            {"type": "stop", "matched": plan.matched}
-            if plan.finish == "stop"
-            else {"type": "length", "length": item.max_new_tokens}
-        )
-        return self._plain_reply(item, plan.output_ids, finish, e2e_latency)
+        return fixed_reply(self.truncated(item), self.model, e2e_latency)
 
     def abort_reply(self, item: GenerateItem, e2e_latency: float) -> dict[str, Any]:
         """The reply of a request aborted by an injected fault (SGLang's abort: 503)."""
-        return self._plain_reply(item, [], abort_reason(FAULT_ABORT_MESSAGE), e2e_latency)
-
-    def _plain_reply(
-        self, item: GenerateItem, ids: list[int], finish: dict[str, Any], e2e_latency: float
-    ) -> dict[str, Any]:
-        return {
-            "text": render_text(ids, self.model),
-            "output_ids": ids,
-            "meta_info": {
-                "id": item.rid,
-                "finish_reason": finish,
-                "prompt_tokens": len(item.input_ids),
-                "weight_version": "default",
-                "num_retractions": 0,
-                "reasoning_tokens": 0,
-                "completion_tokens": len(ids),
-                "cached_tokens": 0,
-                "e2e_latency": e2e_latency,
-            },
-        }
+        return abort_reply(item, self.model, e2e_latency)
 
     def flush_cache(self) -> bool:
         """Empty every rank's prefix cache; refused while any request runs or waits."""
@@ -329,133 +270,29 @@ class SimServer:
 
     @property
     def served_model_name(self) -> str:
-        return self.config.served_model_name or self.config.model_path
+        return self.info.served_model_name
 
     @property
     def tokenizer_path(self) -> str | None:
         """--tokenizer-path, else the model profile's local tokenizer (one that loads)."""
-        return self.config.tokenizer_path or local_tokenizer_path(self.model.name)
+        return self.info.tokenizer_path
 
     def server_args(self) -> dict[str, Any]:
         """The server arguments as SGLang reports them: derived values filled, no API key."""
-        args = msgspec.structs.asdict(self.config)
-        del args["api_key"]
-        args.update(
-            mem_fraction_static=self.mem_fraction_static,
-            tp_size=self.tp_size,
-            max_running_requests=self.sizing.max_running_requests,
-            chunked_prefill_size=self.config.chunked_prefill_size
-            or self.sizing.chunked_prefill_size,
-            context_length=self.sizing.context_length,
-            tokenizer_path=self.tokenizer_path,
-            served_model_name=self.served_model_name,
-        )
-        return args
+        return self.info.server_args()
 
     def server_info(self) -> dict[str, Any]:
-        """GET /server_info: http_server `server_info` (resolved args, `launch_command`,
-        scheduler info, `startup_time`, `internal_states` per DP rank, `version`)."""
-        return {
-            **self.server_args(),
-            "launch_command": self.launch_command,
-            "status": "ready",
-            "max_total_num_tokens": self.sizing.max_total_num_tokens,
-            "max_req_input_len": self.sizing.max_req_input_len,
-            "startup_time": self.startup_time,
-            "internal_states": [self._internal_state(rank) for rank in range(len(self.loops))],
-            "version": VERSION,
-            "frontend": "python",
-        }
-
-    def _internal_state(self, rank: int) -> dict[str, Any]:
-        """scheduler_components/internal_state.py: resolved args, topology, memory usage."""
-        engine = self.loops[rank].engine
-        sizing = self.sizing
-        return {
-            **self.server_args(),
-            "world_size": self.tp_size * self.config.dp_size,
-            "startup_time": self.startup_time,
-            "effective_max_running_requests_per_dp": sizing.max_running_requests,
-            "last_gen_throughput": engine.last_gen_throughput,
-            "memory_usage": {
-                "weight": round(self.profile.weights_gb / self.tp_size, 3),
-                "kvcache": round(sizing.max_total_num_tokens * sizing.kv_bytes_per_token / GB, 3),
-                "token_capacity": sizing.max_total_num_tokens,
-            },
-            # The simulator's own readings, kept beside SGLang's keys.
-            "dp_rank": rank,
-            "num_running_reqs": len(engine.running),
-            "num_queue_reqs": len(engine.waiting),
-            "token_usage": engine.token_usage,
-            "num_retractions": engine.retractions,
-            "prefix_cache_tokens": {
-                "device": engine.cache.device_tokens,
-                "host": engine.cache.host_tokens,
-            },
-            "host_token_capacity": sizing.host_tokens,
-        }
+        """GET /server_info."""
+        return self.info.server_info()
 
     def model_info(self) -> dict[str, Any]:
-        """GET /model_info (http_server `model_info`)."""
-        return {
-            "model_path": self.config.model_path,
-            "served_model_name": self.served_model_name,
-            "tokenizer_path": self.tokenizer_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "load_format": "auto",
-            "reasoning_parser": self.config.reasoning_parser,
-            "tool_call_parser": None,
-            "disaggregation_mode": "null",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "kimi_k2" if self.model.name == "kimi-k2.5" else self.model.name,
-            "architectures": ["DeepseekV3ForCausalLM"],
-        }
+        """GET /model_info."""
+        return self.info.model_info()
 
     def models(self) -> dict[str, Any]:
-        """GET /v1/models (OpenAI's list, as SGLang's serving_models answers it)."""
-        model = {
-            "id": self.served_model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "sglang",
-            "root": self.config.model_path,
-            "parent": None,
-            "max_model_len": self.sizing.context_length,
-        }
-        return {"object": "list", "data": [model]}
-
-
-def local_tokenizer_path(model_profile: str) -> str | None:
-    """The example tokenizer carried with the workbench, for the profile it was made for."""
-    if model_profile != "kimi-k2.5":
-        return None
-    try:
-        folder = data_dir("examples") / "tokenizer"
-    except InputError:
-        return None
-    return str(folder) if (folder / "tokenizer.json").is_file() else None
-
-
-def _everything(request: Request) -> bool:
-    """`abort_all`: every request matches."""
-    return True
+        """GET /v1/models."""
+        return self.info.models()
 
 
 def _tagged(log: Callable[[str], None], tag: str, line: str) -> None:
     log(tag + line)
-
-
-def _without_api_key(argv: list[str]) -> list[str]:
-    """The command line with the value of `--api-key` hidden: it is served in /server_info."""
-    hidden, previous = [], ""
-    for arg in argv:
-        if previous == "--api-key":
-            arg = "***"
-        elif arg.startswith("--api-key="):
-            arg = "--api-key=***"
-        hidden.append(arg)
-        previous = arg
-    return hidden
