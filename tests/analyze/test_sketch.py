@@ -23,10 +23,12 @@ from workbench.sketch import (
     PieceDecoder,
     digest,
     exact_duplicates,
+    minhash,
     near_duplicates,
     ngram_hashes,
     normalise_words,
     repeat_share,
+    repeats,
     signatures,
     word_hashes,
 )
@@ -97,7 +99,7 @@ def test_repeat_share_does_not_depend_on_the_block(monkeypatch: pytest.MonkeyPat
             for n, p in zip(rng.integers(0, 300, 30), rng.integers(1, 30, 30), strict=True)]
     whole = repeat_share(*flat(rows))
     assert (whole > 0.05).all()
-    monkeypatch.setattr(sketch, "_CHUNK_IDS", 100)  # many small parts
+    monkeypatch.setattr(repeats, "CHUNK_IDS", 100)  # many small parts
     assert np.array_equal(repeat_share(*flat(rows)), whole)
     assert np.array_equal(repeat_share(*flat(rows[3:5])), whole[3:5])
 
@@ -178,7 +180,7 @@ def test_signatures_do_not_depend_on_the_block_or_the_process(monkeypatch: pytes
     rng = np.random.default_rng(7)
     rows = [random_row(rng, int(n)) for n in rng.integers(0, 400, 40)]
     whole = signatures(*flat(rows))
-    monkeypatch.setattr(sketch, "_CHUNK_IDS", 500)  # many small parts
+    monkeypatch.setattr(minhash, "CHUNK_IDS", 500)  # many small parts
     assert np.array_equal(signatures(*flat(rows)), whole)
     assert np.array_equal(signatures(*flat(rows[7:9])), whole[7:9])
     script = ("import json, sys, numpy as np; from workbench.sketch import signatures, "

@@ -1,0 +1,149 @@
+"""Repeats: n-grams a row says twice (a loop) and whole rows seen before (exact duplicates).
+
+    repeat_share        per row: the share of ids inside an n-gram seen twice in that row
+    split_repeat_share  the same with each row's reasoning and answer looked at apart
+    digest              per row: a 64-bit hash of the whole sequence (exact duplicates)
+    exact_duplicates    per row: the first earlier row with the same digest, or -1
+
+Rows come as in :mod:`workbench.sketch.hashing`: a flat array with row starts and ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from workbench.sketch.hashing import CHUNK_IDS, Rows, as_rows, as_u64, chunks, clipped, windows
+
+__all__ = [
+    "DEFAULT_REPEAT_NGRAM",
+    "digest",
+    "exact_duplicates",
+    "repeat_share",
+    "split_repeat_share",
+]
+
+DEFAULT_REPEAT_NGRAM = 10  # ids per n-gram of the repeated-n-gram share (a loop's period or more)
+
+_U64 = np.uint64
+
+
+def repeat_share(
+    ids: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
+    ends: np.ndarray | Sequence[int], n: int = DEFAULT_REPEAT_NGRAM,
+) -> np.ndarray:
+    """Per row, the share of its ids that lie inside an n-gram occurring at least twice in it.
+
+    Gopher's duplicate n-gram fraction over ids: a reply stuck in a loop of any period scores
+    about the share of the reply the loop covers, a normal reply scores near 0. Rows shorter
+    than 2n score 0. One sort of (row, n-gram hash, position) keys per call, then the covered
+    positions by a +1/-1 difference array and a cumulative sum (float32).
+    """
+    rows = as_rows(ids, starts, ends)
+    share = np.zeros(len(rows), dtype=np.float32)
+    for first, last in chunks(rows, CHUNK_IDS, 1):
+        share[first:last] = _repeat_share_part(rows.part(first, last), n)
+    return share
+
+
+def split_repeat_share(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                       split: np.ndarray, n: int = DEFAULT_REPEAT_NGRAM) -> np.ndarray:
+    """Per row, the share of its ids inside an n-gram repeated within its own part (float64):
+    the part before position `split[i]` of the row (the reasoning, up to the first think-end
+    id) and the part after it (the answer) are looked at apart, as an answer that restates
+    the reasoning is no loop; a row whose split is -1 is one part. Each part's first
+    :data:`MAX_ROW_IDS` ids are looked at.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    split = np.asarray(split, dtype=np.int64)
+    cut = starts + np.where(split >= 0, split, ends - starts)
+    begins = np.concatenate([starts, np.where(split >= 0, cut + 1, ends)])
+    finishes = clipped(begins, np.concatenate([cut, ends]))
+    lengths = finishes - begins
+    covered = repeat_share(ids, begins, finishes, n) * lengths
+    rows = len(starts)
+    looked = np.maximum(lengths[:rows] + lengths[rows:], 1)
+    result: np.ndarray = (covered[:rows] + covered[rows:]) / looked
+    return result
+
+
+def _repeat_share_part(rows: Rows, n: int) -> np.ndarray:
+    lengths = rows.lengths
+    hashes, first, row = windows(rows, n)
+    long_enough = lengths[row] >= 2 * n
+    hashes, first, row = hashes[long_enough], first[long_enough], row[long_enough]
+    share = np.zeros(len(rows), dtype=np.float32)
+    if len(hashes) < 2:
+        return share
+    begins = _repeated(hashes, first, row, len(rows), len(rows.values))
+    delta = np.zeros(len(rows.values) + 1, dtype=np.int32)
+    delta[begins] += 1
+    delta[begins + n] -= 1
+    covered = np.zeros(len(rows.values) + 1, dtype=np.int64)
+    np.cumsum(np.cumsum(delta[:-1]) > 0, out=covered[1:])
+    inside = covered[rows.offsets[1:]] - covered[rows.offsets[:-1]]
+    np.divide(inside, lengths, out=share, where=lengths >= 2 * n, casting="unsafe")
+    return share
+
+
+def _repeated(hashes: np.ndarray, first: np.ndarray, row: np.ndarray, rows: int,
+              size: int) -> np.ndarray:
+    """The flat starts of the windows whose hash another window of the same row has too.
+
+    Keys are (row, hash) in the high bits; when the flat position fits in the low bits with
+    at least 32 bits of hash left (any block of the scan), one plain sort of the keys does,
+    else an argsort of keys without it.
+    """
+    row_bits = max(1, (rows - 1).bit_length())
+    position_bits = max(1, (size - 1).bit_length())
+    hash_bits = 64 - row_bits - position_bits
+    if hash_bits >= 32:
+        keys = (row.astype(_U64) << _U64(64 - row_bits)) | \
+            ((hashes >> _U64(64 - hash_bits)) << _U64(position_bits)) | first.astype(_U64)
+        ordered = np.sort(keys)
+        groups: np.ndarray = ordered >> _U64(position_bits)
+        positions = (ordered & _U64((1 << position_bits) - 1)).astype(np.int64)
+    else:
+        keys = (row.astype(_U64) << _U64(64 - row_bits)) | (hashes >> _U64(row_bits))
+        order = np.argsort(keys)
+        groups, positions = keys[order], first[order]
+    same = groups[1:] == groups[:-1]
+    repeated = np.zeros(len(groups), dtype=bool)
+    repeated[1:] |= same
+    repeated[:-1] |= same
+    return positions[repeated]
+
+
+def digest(
+    ids: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
+    ends: np.ndarray | Sequence[int],
+) -> np.ndarray:
+    """Per row, a 64-bit hash of its whole id sequence (uint64), for exact duplicates.
+
+    The BLAKE2b digest of the row's ids as 32-bit values (their low bits: every id of a
+    vocabulary fits; ids past it are flagged apart, and word hashes keep 32 random bits): one
+    C call a row, about ten times faster on long rows than numpy passes over every id, and
+    half the bytes of 64-bit values. Equal sequences give equal digests in any block or
+    process; different ones differ but with a chance of about 2**-64.
+    """
+    values = as_u64(ids).astype(np.uint32)  # (a copy: contiguous)
+    data = values.view(np.uint8).data
+    first = np.asarray(starts, dtype=np.int64).tolist()
+    last = np.asarray(ends, dtype=np.int64).tolist()
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(data[s * 4:e * 4], digest_size=8).digest(), "little")
+         for s, e in zip(first, last, strict=True)),
+        dtype=_U64, count=len(first))
+
+
+def exact_duplicates(digests: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Per row, the index of the first earlier row with the same digest, else -1 (int64)."""
+    values = np.asarray(digests)
+    if not len(values):
+        return np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    earliest = first[inverse.ravel()].astype(np.int64)
+    return np.where(earliest < np.arange(len(values)), earliest, -1)
