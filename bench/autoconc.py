@@ -31,7 +31,7 @@ from typing import Any
 from workbench.config import load_manifest
 from workbench.generate.dispatch import Runner
 from workbench.generate.plan import GenerateOptions
-from workbench.rundir.records import read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess, find_free_port, server_command
 from workbench.server.metrics import parse_metrics

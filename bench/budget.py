@@ -35,7 +35,7 @@ from workbench.generate import budget
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.progress import RunSummary
 from workbench.generate.session import run_generation
-from workbench.rundir.records import read_rows
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ from workbench.config import load_manifest
 from workbench.demo import start_simulator
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.session import run_generation
-from workbench.rundir.records import read_rows
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient, default_transport
 
 

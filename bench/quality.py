@@ -49,7 +49,8 @@ from workbench.analyze.validate import validate_run
 from workbench.profiles import get_profile
 from workbench.rundir.figures import FigureAppender, ReplyFigures, prompt_rows
 from workbench.rundir.layout import CACHE_DIR, PROMPTS_FILE, RAW_FILE
-from workbench.rundir.records import PromptRecord, encode_line, iter_blocks
+from workbench.rundir.reader import iter_blocks
+from workbench.rundir.records import PromptRecord, encode_line
 from workbench.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""How fast records.py scans raw_responses.jsonl, against a json.loads baseline and a raw read.
+"""How fast reader.py scans raw_responses.jsonl, against a json.loads baseline and a raw read.
 
     python bench/scan.py [--size-mb 200] [--repeat 3]
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from common import MB, STYLES, records_file
 
-from workbench.rundir.records import DEFAULT_BLOCK_BYTES, iter_blocks, read_rows, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import DEFAULT_BLOCK_BYTES, iter_blocks, read_rows
 
 BASELINE_TARGET = 5.0
 RAW_TARGET = 0.7

@@ -64,7 +64,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from workbench.rundir.layout import ERRORS_FILE, RAW_FILE, TORN_SUFFIX
-from workbench.rundir.records import SampleId, read_rows, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import read_rows
+from workbench.rundir.records import SampleId
 from workbench.server.launch import ServerProcess, find_free_port, server_command
 
 INTEGRITY_RULES = (

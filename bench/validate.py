@@ -4,7 +4,7 @@
 
 The run is one dataset of bench/common.py's realistic Kimi-K2.5 records (cached in
 bench/data/, with a matching prompts.jsonl). Figures are the best of ``--repeat`` runs with the
-files in the page cache: the reader alone (records.iter_blocks with output ids, the floor any
+files in the page cache: the reader alone (reader.iter_blocks with output ids, the floor any
 validation pays), validation in this process, and validation with worker processes (the
 default), all without the scan cache; then a validation of the unchanged run through the
 cache. Target: worker processes at least 150 MB/s.
@@ -23,7 +23,8 @@ from common import DATA_DIR, MB, best_seconds, records_file
 from workbench.analyze.scan import SCAN_BLOCK_BYTES
 from workbench.analyze.validate import validate_run
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
-from workbench.rundir.records import PromptRecord, encode_line, iter_blocks, read_rows
+from workbench.rundir.reader import iter_blocks, read_rows
+from workbench.rundir.records import PromptRecord, encode_line
 
 TARGET_MB_S = 150.0
 DATASET = "bench"

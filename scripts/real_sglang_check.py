@@ -85,7 +85,8 @@ import httpx
 import yaml
 
 from workbench.generate.launched import SERVER_LOG
-from workbench.rundir.records import is_finished, read_rows
+from workbench.rundir.reader import read_rows
+from workbench.rundir.records import is_finished
 from workbench.server.launch import (
     HEALTH_PATHS,
     ServerProcess,

@@ -37,7 +37,8 @@ from workbench.export.exporter import export_run
 from workbench.export.options import ExportOptions
 from workbench.profiles import get_profile
 from workbench.rundir.layout import CACHE_DIR
-from workbench.rundir.records import PromptRecord, encode_line, parse_lines
+from workbench.rundir.reader import parse_lines
+from workbench.rundir.records import PromptRecord, encode_line
 from workbench.server.launch import ServerProcess, find_free_port
 
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 16}

@@ -21,7 +21,8 @@ import pytest
 import yaml
 from conftest import EXAMPLES, ROOT, jsonl, wait_until, workbench, write_manifest
 
-from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess, find_free_port, to_flags
 from workbench.watch.monitor import Monitor

@@ -536,10 +536,11 @@ def _json_counts(data: bytes) -> tuple[int, int, int]:
 @pytest.mark.parametrize("index", range(len(PROMPT_LINES)))
 def test_prompt_ids_counted_in_blocks_are_exact(index: int, tmp_path: Path) -> None:
     from workbench.rundir import prompt_scan
-    from workbench.rundir.records import _Chunk, _prompt_rows
+    from workbench.rundir.prompt_reader import _prompt_rows
+    from workbench.rundir.reader import Chunk
 
     good = b'{"sample_id": 0, "input_ids": [9, 9]}\n'
-    block = _prompt_rows(_Chunk(good * 3, len(good) * 3, 0), 1)  # the block path
+    block = _prompt_rows(Chunk(good * 3, len(good) * 3, 0), 1)  # the block path
     assert block is not None and [row.input_ids for row in block] == [2, 2, 2]
     data = good + PROMPT_LINES[index] + good
     path = tmp_path / "prompts.jsonl"

@@ -21,7 +21,8 @@ from workbench.analyze.rules import (
 from workbench.analyze.validate import exit_code, format_report, validate_run
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import get_profile
-from workbench.rundir.records import PromptRecord, Record, Row, encode_line, parse_lines
+from workbench.rundir.reader import parse_lines
+from workbench.rundir.records import PromptRecord, Record, Row, encode_line
 
 KIMI = get_profile("kimi-k2.5")
 QWEN = get_profile("qwen3")

@@ -17,7 +17,8 @@ from workbench.errors import DataError, ResumeMismatch
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.progress import RunSummary, format_progress_line
 from workbench.generate.session import run_generation
-from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
 
 pytestmark = pytest.mark.anyio

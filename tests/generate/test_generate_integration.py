@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench.config import load_manifest
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.session import run_generation
-from workbench.rundir.records import read_rows, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess, find_free_port
 

@@ -21,7 +21,7 @@ from conftest import ROOT, wait_until, write_manifest
 from workbench.config import load_manifest
 from workbench.generate.plan import GenerateOptions
 from workbench.generate.session import run_generation
-from workbench.rundir.records import read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
 from workbench.server.client import SGLangClient
 
 

@@ -252,7 +252,7 @@ def test_prompts_rewritten_at_the_same_size_are_read_again(run: Path) -> None:
 def test_a_torn_tail_cut_by_a_resume_keeps_the_cache(
     tmp_path: Path, starts: dict[str, list[int]]
 ) -> None:
-    """A resume cuts a torn last line off (records.repair_torn_tail): the file shrinks to the
+    """A resume cuts a torn last line off (appender.repair_torn_tail): the file shrinks to the
     offset the scan stopped at, and what was read before it still holds."""
     out = tmp_path / "run"
     raw = plant(out, lines(0, RECORDS) + lines(RECORDS, 1)[:40])

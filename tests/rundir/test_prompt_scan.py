@@ -13,10 +13,11 @@ import pytest
 from workbench.analyze.quality import DATA_RULES
 from workbench.analyze.rules import Thresholds
 from workbench.analyze.validate import validate_run
-from workbench.rundir import prompt_scan, records
+from workbench.rundir import prompt_reader, prompt_scan
 from workbench.rundir.columns import Tally
 from workbench.rundir.layout import CACHE_DIR
-from workbench.rundir.records import iter_blocks, iter_prompt_blocks
+from workbench.rundir.prompt_reader import iter_prompt_blocks
+from workbench.rundir.reader import iter_blocks
 
 LINES = [
     b'{"sample_id":0,"input_ids":[1,2,3]}\n',  # compact, as the workbench writes
@@ -244,7 +245,7 @@ def test_prompt_contents_are_what_json_reads(tmp_path: Path, block_bytes: int) -
     data = DATA.replace(LINES[-1], many + LINES[-1])
     path.write_bytes(data)
     found = []
-    blocks = list(records.iter_prompt_contents(path, block_bytes=block_bytes))
+    blocks = list(prompt_reader.iter_prompt_contents(path, block_bytes=block_bytes))
     for block in blocks:
         for i, line in enumerate(block.lines):
             ids = block.ids[block.starts[i]:block.ends[i]].tolist() if block.has_ids[i] else None

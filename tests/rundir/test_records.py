@@ -14,21 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.errors import StorageError
+from workbench.rundir.appender import JsonlAppender, repair_torn_tail
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import iter_blocks, parse_lines, read_rows
 from workbench.rundir.records import (
     SCHEMA_VERSION,
     ErrorRecord,
-    JsonlAppender,
     LineProblem,
     PromptRecord,
     Record,
     Row,
     encode_line,
     is_finished,
-    iter_blocks,
-    parse_lines,
-    read_rows,
-    read_sample_ids,
-    repair_torn_tail,
 )
 
 DESIGN_KEYS = [
@@ -812,14 +809,14 @@ STYLES = ["compact", "dumps", "reversed keys", "spaced colon", "crlf"]
 def test_every_formatting_takes_the_block_path_and_reads_the_same(
     value: dict[str, Any], style: str
 ) -> None:
-    from workbench.rundir import records
+    from workbench.rundir import normalise, reader
 
     data = b"".join(_formatted({**value, "ts": 1.0 + n}, style) for n in range(3))
-    chunk = records._Chunk(data, len(data), 0)
-    emptied = records._without_arrays(data, len(data), b'"output_ids"')
+    chunk = reader.Chunk(data, len(data), 0)
+    emptied = reader._without_arrays(data, len(data), b'"output_ids"')
     assert emptied is not None
     assert len(re.findall(rb'"output_ids" ?: ?\[\]', emptied)) == ("output_ids" in value) * 3
-    assert records._decode_whole(records._ROWS.decoder, chunk) is not None  # no line-by-line
+    assert reader.decode_whole(normalise.ROWS.decoder, chunk) is not None  # no line-by-line
     expected = parse_lines(b"".join(_formatted({**value, "ts": 1.0 + n}, "compact")
                                     for n in range(3)))
     assert parse_lines(data) == expected
@@ -845,12 +842,12 @@ def test_look_alike_keys_change_no_value(text: bytes) -> None:
 
 
 def test_prompt_lines_skip_their_input_ids_on_the_block_path() -> None:
-    from workbench.rundir import records
+    from workbench.rundir import normalise, reader
 
     data = b"".join(_formatted({"sample_id": n, "input_ids": [5] * n}, "dumps") for n in range(4))
-    chunk = records._Chunk(data, len(data), 0)
-    assert records._without_arrays(data, len(data), b'"input_ids"').count(b"[]") == 4
-    assert records._decode_whole(records._ROWS.decoder, chunk) is not None
+    chunk = reader.Chunk(data, len(data), 0)
+    assert reader._without_arrays(data, len(data), b'"input_ids"').count(b"[]") == 4
+    assert reader.decode_whole(normalise.ROWS.decoder, chunk) is not None
     assert [r.sample_id for r in parse_lines(data)[0]] == [0, 1, 2, 3]
 
 

@@ -55,7 +55,8 @@ from workbench.rundir.figures import (
     overlaps_path,
 )
 from workbench.rundir.layout import DatasetDir
-from workbench.rundir.records import Block, Row, iter_blocks, paused_gc
+from workbench.rundir.reader import iter_blocks, paused_gc
+from workbench.rundir.records import Block, Row
 from workbench.rundir.run import RunInfo, load_run
 
 __all__ = ["MIN_RANGE_BYTES", "SCAN_BLOCK_BYTES", "RunScan", "scan_run"]

@@ -67,21 +67,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError, InputError, ProtocolError, RequestFailed
+from workbench.rundir.appender import JsonlAppender, repair_torn_tail
 from workbench.rundir.layout import SCORES_FILE, DatasetDir
+from workbench.rundir.line_index import LineSpan, index_lines, read_sample_ids, span_reader
 from workbench.rundir.lock import hold_score_lock
-from workbench.rundir.records import (
-    JsonlAppender,
-    LineSpan,
-    PromptRecord,
-    Row,
-    SampleId,
-    index_lines,
-    is_finished,
-    iter_blocks,
-    read_sample_ids,
-    repair_torn_tail,
-    span_reader,
-)
+from workbench.rundir.reader import iter_blocks
+from workbench.rundir.records import PromptRecord, Row, SampleId, is_finished
 from workbench.rundir.run import RunInfo, load_run
 from workbench.server.client import SGLangClient, parse_generate_reply, request_timeout
 from workbench.tokenizer import load_tokenizer

@@ -62,7 +62,7 @@ from workbench.rundir.cursor import Cursor, guarded, line_chunks
 from workbench.rundir.layout import DatasetDir, find_datasets
 from workbench.rundir.manifest import ManifestWatcher, dataset_entries
 from workbench.rundir.rates import RATE_WINDOW, RecordTimes, merged_times
-from workbench.rundir.records import iter_blocks
+from workbench.rundir.reader import iter_blocks
 from workbench.rundir.run import run_root
 
 if TYPE_CHECKING:

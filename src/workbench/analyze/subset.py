@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.rundir import prompt_scan
-from workbench.rundir.records import SampleId, read_sample_ids
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.records import SampleId
 from workbench.rundir.run import load_run
 
 if TYPE_CHECKING:

@@ -85,7 +85,8 @@ from workbench.export.trainers import (
     trainer_report,
     write_manifest,
 )
-from workbench.rundir.records import Row, iter_blocks, parse_lines, paused_gc
+from workbench.rundir.reader import iter_blocks, parse_lines, paused_gc
+from workbench.rundir.records import Row
 from workbench.rundir.run import RunInfo, load_run
 
 __all__ = ["export_run", "format_summary"]

@@ -34,7 +34,8 @@ from workbench.export.options import DatasetExport, ExportOptions, SampleId
 from workbench.export.sinks import ConversationLine, OutRow, Tokens
 from workbench.profiles import ModelProfile
 from workbench.rundir.layout import DatasetDir
-from workbench.rundir.records import LineProblem, PromptRecord, Row, iter_blocks
+from workbench.rundir.reader import iter_blocks
+from workbench.rundir.records import LineProblem, PromptRecord, Row
 from workbench.rundir.run import RunInfo
 from workbench.tokenizer import load_tokenizer
 

@@ -48,7 +48,8 @@ import numpy as np
 from workbench import sketch
 from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
 from workbench.rundir.layout import CACHE_DIR
-from workbench.rundir.records import PromptContents, SampleId, iter_prompt_contents
+from workbench.rundir.prompt_reader import PromptContents, iter_prompt_contents
+from workbench.rundir.records import SampleId
 
 __all__ = [
     "ENTRY",

@@ -2,7 +2,8 @@
 
     OUT/run.json                          the run manifest (:mod:`workbench.rundir.manifest`)
     OUT/.writer.lock                      held by the generate writing the run (lock.py)
-    OUT/<dataset>/raw_responses.jsonl     one record a line (records.py: the data contract)
+    OUT/<dataset>/raw_responses.jsonl     one record a line (records.py: the data contract;
+                                          written by appender.py, read by reader.py)
     OUT/<dataset>/raw_responses.jsonl.torn  torn last lines put aside on resume
     OUT/<dataset>/raw_responses.jsonl.rejected  lines no reader takes as a finished record
                                           (unreadable, a field missing), put aside on resume

@@ -3,12 +3,12 @@
 prompts.jsonl (the prompts as sent, written once before the replies) is big on real jobs.
 Validation needs each sample id's first line and the file's problems, the stats its line and
 id counts, the subset comparison each prompt's length. :func:`summary` reads the file once, in
-blocks (:func:`workbench.rundir.records.iter_prompt_blocks`), into a :class:`PromptScan` holding all
-of it, and keeps it beside the file (:func:`workbench.rundir.cache.save_summary`) while the file's
-stamp is unchanged (:func:`workbench.rundir.cache.save_appended`): whichever reader comes first
-reads the file, the others load the summary, and a file that grew (a resume adds prompts)
-is read only after what was kept. A file holding an id past 64 bits (msgpack's range) cannot
-be kept and is read each time.
+blocks (:func:`workbench.rundir.prompt_reader.iter_prompt_blocks`), into a :class:`PromptScan`
+holding all of it, and keeps it beside the file (:func:`workbench.rundir.cache.save_summary`)
+while the file's stamp is unchanged (:func:`workbench.rundir.cache.save_appended`): whichever
+reader comes first reads the file, the others load the summary, and a file that grew (a resume
+adds prompts) is read only after what was kept. A file holding an id past 64 bits (msgpack's
+range) cannot be kept and is read each time.
 
     ids, first_lines  each distinct sample id (read as a Row's) and the line it first
                       appears on, in that order
@@ -33,7 +33,8 @@ from pathlib import Path
 import msgspec
 
 from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
-from workbench.rundir.records import PromptBlock, PromptRow, SampleId, iter_prompt_blocks
+from workbench.rundir.prompt_reader import iter_prompt_blocks
+from workbench.rundir.records import PromptBlock, PromptRow, SampleId
 
 __all__ = ["TEXT_CHARS_PER_TOKEN", "PromptScan", "scan", "summary"]
 
