@@ -12,5 +12,8 @@
     eta         targets, rates, progress and ETA
     stats_text  ``workbench stats`` as text or JSON
     subset      the sent subset of each dataset against the whole
-    explore     a run's records shaped into the tables the reports show
+    frames      the run's header and one row per record: distributions, the explorer's filters
+    tables      per-dataset tables: reasoning, finish reasons, budgets, findings (over time)
+    readback    records read back from the files and shown: examples, samples, one record, search
+    explore     the notebooks' API: the report frames of the three above, re-exported
 """
