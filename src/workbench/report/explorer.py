@@ -18,9 +18,9 @@ empty selection leaves every figure at its size, saying "no records match the fi
 Under papermill (``interactive=False``, what ``workbench report`` runs) the same calls return
 static figures and report blocks of the selection the parameters give.
 
-The filters are those of :func:`workbench.analyze.explore.filter_records` (``filters`` takes its
-keyword arguments) plus ``search``; shaping is in :mod:`workbench.analyze.explore`, drawing in
-:mod:`workbench.report.plots`.
+The filters are those of :func:`workbench.analyze.frames.filter_records` (``filters`` takes its
+keyword arguments) plus ``search``; shaping is in :mod:`workbench.analyze.frames` and
+:mod:`workbench.analyze.readback`, drawing in :mod:`workbench.report.plots`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analyze import explore
+from workbench.analyze import frames, readback
 from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError
 from workbench.report import plots
@@ -84,13 +84,13 @@ class Explorer:
         unknown = sorted(set(filters or {}) - set(FILTER_KEYS))
         if unknown:
             raise ConfigError(unknown[0], f"unknown filter (known: {', '.join(FILTER_KEYS)})")
-        self.overview = explore.run_overview(run_dir, model_profile=model_profile)
+        self.overview = frames.run_overview(run_dir, model_profile=model_profile)
         profile = self.overview.model_profile
         self.scan = scan_run(run_dir, model_profile=profile)  # one read of the run, cached
-        self.records = explore.record_frame(self.scan)
-        self.findings = explore.record_findings(self.scan)
+        self.records = frames.record_frame(self.scan)
+        self.findings = frames.record_findings(self.scan)
         self.compare = (None if compare_run_dir is None else
-                        explore.record_frame(compare_run_dir, model_profile=profile))
+                        frames.record_frame(compare_run_dir, model_profile=profile))
         self.compare_label = "" if compare_run_dir is None else Path(compare_run_dir).name
         self.tokenizer, self.interactive = tokenizer, interactive
         self.sample_size, self.samples_shown, self.text_chars = sample_size, samples_shown, text_chars
@@ -100,7 +100,7 @@ class Explorer:
         self._views: list[Callable[[], None]] = []  # redraws, called after every update
         self._viewer: Any = None
         self._openers: list[Callable[[], None]] = []  # ring the opened record, after every open
-        self.opened: explore.RecordDetail | None = None
+        self.opened: readback.RecordDetail | None = None
         self.missing: str | None = None  # why no record is shown (a sample id not found)
         self.searched = self.searchable = 0
         self.selected = self._select()
@@ -109,13 +109,13 @@ class Explorer:
 
     def _select(self) -> pd.DataFrame:
         given = {k: v for k, v in self.filters.items() if k != "search"}
-        selected = explore.filter_records(self.records, findings=self.findings, **given)
+        selected = frames.filter_records(self.records, findings=self.findings, **given)
         text = self.filters.get("search")
         self.searchable = len(selected)
         if not text:
             self.searched = 0
             return selected
-        found, self.searched = explore.search_replies(
+        found, self.searched = readback.search_replies(
             self.scan, selected, text, tokenizer=self.tokenizer, limit=self.search_limit,
             cache=self._texts)
         return found
@@ -130,7 +130,7 @@ class Explorer:
             wanted = given["dataset"]
             names = [wanted] if isinstance(wanted, str) else list(wanted)
             given["dataset"] = [n for n in names if n in set(self.compare["dataset"].astype(str))]
-        return explore.filter_records(self.compare, **given)
+        return frames.filter_records(self.compare, **given)
 
     def update(self, **changes: Any) -> pd.DataFrame:
         """Set filters (None, False, "" or an empty list clears one), reselect, redraw every
@@ -192,9 +192,9 @@ class Explorer:
         said = title or f"{x.replace('_', ' ').capitalize()} against {y.replace('_', ' ')} (sample)"
 
         def build() -> go.Figure:
-            sample = explore.sample_records(self.selected, self.sample_size, seed=self.seed)
+            sample = frames.sample_records(self.selected, self.sample_size, seed=self.seed)
             other = self.compared()
-            theirs = None if other is None else explore.sample_records(other, self.sample_size, seed=self.seed)
+            theirs = None if other is None else frames.sample_records(other, self.sample_size, seed=self.seed)
             return plots.explore_scatter(sample, x=x, y=y, log=self.log, title=said, compare=theirs,
                                          compare_label=self.compare_label,
                                          menu=not self.interactive and theirs is None)
@@ -206,9 +206,9 @@ class Explorer:
 
         def build() -> go.Figure:
             other = self.compared()
-            mine = explore.histogram(self.selected, log=self.log, bins=bins, also=other)
-            theirs = None if other is None else explore.histogram(other, log=self.log, bins=bins,
-                                                                   also=self.selected)
+            mine = frames.histogram(self.selected, log=self.log, bins=bins, also=other)
+            theirs = None if other is None else frames.histogram(other, log=self.log, bins=bins,
+                                                                  also=self.selected)
             return _sized(plots.histogram_figure(mine, log=self.log, title=title, compare=theirs,
                                                  compare_label=self.compare_label))
 
@@ -221,11 +221,11 @@ class Explorer:
 
         return widgets.figure(self, build)
 
-    def detail(self, dataset: str, line: int) -> explore.RecordDetail:
+    def detail(self, dataset: str, line: int) -> readback.RecordDetail:
         """One record of the run in full."""
-        return explore.record_detail(self.scan, dataset, line, tokenizer=self.tokenizer)
+        return readback.record_detail(self.scan, dataset, line, tokenizer=self.tokenizer)
 
-    def open(self, dataset: str, line: int) -> explore.RecordDetail:
+    def open(self, dataset: str, line: int) -> readback.RecordDetail:
         """Show a record in the record viewer, ringed in the figures (and return it)."""
         found = self.detail(dataset, line)
         self.opened, self.missing = found, None
@@ -235,7 +235,7 @@ class Explorer:
     def _open_sample(self, sample_id: object) -> None:
         """Open the record of a typed sample id: the first selected one, else the first in
         the run (the viewer then says it is filtered out), else say it is not found."""
-        anywhere = explore.filter_records(self.records, sample_id=str(sample_id))
+        anywhere = frames.filter_records(self.records, sample_id=str(sample_id))
         if anywhere.empty:
             self.opened, self.missing = None, f"Sample id {sample_id}: not found in this run's records."
             self._show()
@@ -262,7 +262,7 @@ class Explorer:
     def record_viewer(self) -> Any:
         """The record viewer (static: `samples_shown` records of the selection in full)."""
         if not self.interactive:
-            return plots.samples_view(explore.samples(
+            return plots.samples_view(readback.samples(
                 self.scan, self.selected, n=self.samples_shown, seed=self.seed,
                 tokenizer=self.tokenizer, chars=self.text_chars))
         from workbench.report import widgets

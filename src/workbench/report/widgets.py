@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analyze.explore import RecordDetail, RunOverview
+from workbench.analyze.frames import RunOverview
+from workbench.analyze.readback import RecordDetail
 from workbench.report import plots
 
 __all__ = ["Selection", "board", "controls", "figure", "viewer"]

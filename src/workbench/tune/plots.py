@@ -28,10 +28,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench import __version__
-from workbench.report.plots import REPORT_CSS, Rendered, _e, _empty, _Html
-from workbench.report.plots import _colors as _series_colors
-from workbench.report.plots import _names as _series_names
-from workbench.report.plots import _present as _series_groups
+from workbench.report.plots.blocks import REPORT_CSS, Rendered
+from workbench.report.plots.blocks import Html as _Html
+from workbench.report.plots.blocks import escaped as _e
+from workbench.report.plots.figures import empty_figure as _empty
+from workbench.report.plots.figures import series_colors as _series_colors
+from workbench.report.plots.figures import series_groups as _series_groups
+from workbench.report.plots.figures import series_names as _series_names
 from workbench.tune import format_gpu_hours, format_gpus, format_hours
 from workbench.tune.recommendation import LIMIT_LABELS, format_latency_ms
 
