@@ -19,7 +19,7 @@ from test_dispatch import Server, sglang_reply, write_manifest
 
 from workbench.analyze.stats import collect_stats
 from workbench.analyze.validate import validate_run
-from workbench.cli import generate_exit_code
+from workbench.cli.generate import generate_exit_code
 from workbench.config import Manifest
 from workbench.errors import ProtocolError, ResumeMismatch, StorageError
 from workbench.generate import dispatch
@@ -28,7 +28,9 @@ from workbench.generate.plan import GenerateOptions
 from workbench.generate.progress import RunSummary
 from workbench.generate.session import run_generation
 from workbench.generate.views import summary_lines
-from workbench.rundir.records import JsonlAppender, read_rows, read_sample_ids
+from workbench.rundir.appender import JsonlAppender
+from workbench.rundir.line_index import read_sample_ids
+from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
 
 pytestmark = pytest.mark.anyio

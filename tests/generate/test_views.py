@@ -19,7 +19,7 @@ import pytest
 from conftest import EXAMPLES, wait_until, workbench, write_manifest
 from rich.console import Console
 
-from workbench.cli import generate_exit_code, resume_command
+from workbench.cli.generate import generate_exit_code, resume_command
 from workbench.generate.progress import DatasetProgress, RunSummary
 from workbench.generate.views import RichView, cost_line, resume_line, summary_lines
 from workbench.server.launch import ServerProcess

@@ -33,7 +33,7 @@ throughput  `/metrics` is off (404) or unreadable: hill-climb on the output toke
 
 In both modes a failed request that the server caused (timeout, 5xx, 429, abort) shrinks the
 cap by `BACKOFF` and holds growth (a lost connection pauses the whole run instead, see
-`workbench.generate.dispatch`). Every change of the cap is kept in
+`workbench.generate.servers`). Every change of the cap is kept in
 `history` as (seconds since start, cap) for run.json and the progress line.
 """
 

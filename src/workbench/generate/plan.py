@@ -16,7 +16,7 @@ bad input fails before anything is written.
   sent): they may hold the kept copy.
 - Budgets: ``max_samples`` takes the first prompts of the send order (plus any finished
   before: a resumed run keeps what it has); ``max_tokens`` is the dispatcher's to keep
-  (:mod:`workbench.generate.budget`).
+  (:mod:`workbench.generate.feed`, :mod:`workbench.generate.budget`).
 - Resume (the default): finished ``sample_id``s are not sent again; a torn last line is put
   aside (``raw_responses.jsonl.torn``), and so are lines that are no finished record
   (``.rejected``: their samples are sent again); a run made with another model or other
@@ -26,13 +26,12 @@ bad input fails before anything is written.
   aside (``*.bak``). A file that cannot be written is a StorageError naming it.
 - Context fit: a dataset's ``context_fit`` (and ``context_fit_min_tokens``) is the
   dispatcher's to apply (:mod:`workbench.generate.context_fit`); run.json records both.
-- run.json: what :meth:`Plan.manifest` returns, written by the dispatcher through
-  :mod:`workbench.rundir.manifest`.
+- run.json: the plan's record (its datasets, options, order seed) is built and written by
+  :mod:`workbench.generate.run_manifest`, through :mod:`workbench.rundir.manifest`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,7 +41,6 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
-from workbench import __version__
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import ConfigError, DataError, ResumeMismatch
 from workbench.generate.dedup import (
@@ -55,8 +53,15 @@ from workbench.generate.dedup import (
 )
 from workbench.generate.progress import DatasetProgress
 from workbench.generate.prompts import Prompt, load_prompts
-from workbench.generate.resume import DatasetResume, conflict_message, prompt_line, read_resume
+from workbench.generate.resume import (
+    DatasetResume,
+    check_settings,
+    conflict_message,
+    prompt_line,
+    read_resume,
+)
 from workbench.profiles import ModelProfile, get_profile
+from workbench.rundir.appender import move_lines_aside, repair_torn_tail
 from workbench.rundir.files import (
     backup_path,
     copy_aside,
@@ -65,12 +70,13 @@ from workbench.rundir.files import (
     write_lines_atomic,
 )
 from workbench.rundir.layout import RAW_FILE, REJECTED_SUFFIX, TORN_SUFFIX, DatasetDir
-from workbench.rundir.manifest import dataset_entries, manifest_path, read_manifest
-from workbench.rundir.records import move_lines_aside, repair_torn_tail, span_reader
+from workbench.rundir.line_index import span_reader
+from workbench.rundir.manifest import dataset_entries, read_manifest
 from workbench.rundir.storage import storage_error
 from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
 
-__all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "model_name", "send_order"]
+__all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "limit", "model_name",
+           "send_order"]
 
 T = TypeVar("T")
 
@@ -155,7 +161,8 @@ def model_name(server_info: Mapping[str, Any], model_info: Mapping[str, Any]) ->
     return str(model_info.get("model_path") or server_info.get("model_path") or "unknown")
 
 
-def _limit(*values: int | None) -> int | None:
+def limit(*values: int | None) -> int | None:
+    """The smallest of the limits given (None: no limit)."""
     present = [v for v in values if v is not None]
     return min(present) if present else None
 
@@ -266,14 +273,14 @@ class Plan:
     def _prompts(self, spec: DatasetSpec, profile: ModelProfile) -> list[Prompt]:
         """With a sample cap in file order, the first prompts; else the whole file (a cap
         in random order draws from all of it, and one after dedup from what is left)."""
-        cap = _limit(spec.max_samples, self.options.max_samples)
+        cap = limit(spec.max_samples, self.options.max_samples)
         if not self._whole_file(spec):
             return load_prompts(spec, profile, limit=cap)
         return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile)
 
     def _whole_file(self, spec: DatasetSpec) -> bool:
         """Whether every row of the dataset's file is loaded (all but a file-order cap's)."""
-        cap = _limit(spec.max_samples, self.options.max_samples)
+        cap = limit(spec.max_samples, self.options.max_samples)
         return spec.order != "file" or cap is None or spec.dedup_mode() != "off"
 
     def first_prompt(self) -> Prompt | None:
@@ -287,7 +294,7 @@ class Plan:
             return
         previous = read_manifest(self.out)
         if previous and not self.options.force:
-            self._check_settings(previous, model)
+            check_settings(self.out, previous, model, self._loaded)
         for spec, _sampling, prompts in self._loaded:
             state = self._resume_state(spec, prompts)
             if state.conflicts and not self.options.force:
@@ -297,7 +304,7 @@ class Plan:
         """What the dataset's folder holds (read once, before anything is written)."""
         if spec.name not in self._resumes:
             folder = DatasetDir(spec.name, self.out / spec.name)
-            cap = _limit(spec.max_samples, self.options.max_samples)
+            cap = limit(spec.max_samples, self.options.max_samples)
             complete = self._whole_file(spec) or cap is None or len(prompts) < cap
             try:
                 self._resumes[spec.name] = read_resume(folder, prompts, complete)
@@ -305,22 +312,6 @@ class Plan:
                 raise DataError(exc.filename or folder.folder,
                                 f"cannot read: {exc.strerror or exc}") from None
         return self._resumes[spec.name]
-
-    def _check_settings(self, previous: Mapping[str, Any], model: str) -> None:
-        """ResumeMismatch when run.json says another model or other sampling parameters."""
-        path = manifest_path(self.out)
-        old_model = previous.get("model")
-        if old_model and old_model != model:
-            raise ResumeMismatch(
-                f"{path}: the run was made with model {old_model!r}, the server now serves "
-                f"{model!r} (use --force to resume anyway, or another --out)")
-        entries = dataset_entries(previous)
-        for spec, sampling, _prompts in self._loaded:
-            old, new = entries.get(spec.name, {}).get("sampling"), msgspec.to_builtins(sampling)
-            if old is not None and old != new:
-                raise ResumeMismatch(
-                    f"{path}: datasets.{spec.name}.sampling changed from {old} to {new} "
-                    "(use --force to resume anyway, or another --out)")
 
     def open(self) -> list[PlannedDataset]:
         """Prepare every dataset folder (after :meth:`load`): earlier files moved aside
@@ -420,7 +411,7 @@ class Plan:
         self._say_dedup(spec, folder, skipped)
         progress = DatasetProgress(
             name=spec.name, target=len(prompts),
-            max_tokens=_limit(spec.max_tokens, self.options.max_tokens_per_dataset),
+            max_tokens=limit(spec.max_tokens, self.options.max_tokens_per_dataset),
             done=sum(1 for p in prompts if p.sample_id in state.done),
             completion_tokens=sum(state.done.values()))
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped)
@@ -468,53 +459,10 @@ class Plan:
         order): a sample cap keeps the first ones of the send order, plus any finished
         before (a resumed run keeps what it has)."""
         ordered = send_order(prompts, spec.order or "random", self.order_seed, spec.name)
-        cap = _limit(spec.max_samples, self.options.max_samples)
+        cap = limit(spec.max_samples, self.options.max_samples)
         if cap is None or cap >= len(prompts):
             return prompts, [p for p in ordered if p.sample_id not in done_ids]
         kept = {p.sample_id for p in ordered[:cap]} | done_ids
         done = sum(1 for p in prompts if p.sample_id in done_ids)
         pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
         return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
-
-    def manifest_record(self, server: ServerFacts, concurrency: Mapping[str, Any],
-                        benchmarks: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """run.json as it stands now (`concurrency`: the cap's record, `benchmarks` the
-        record of the benchmarks looked for); the entries of datasets an earlier run wrote
-        and this one does not send are kept."""
-        datasets = dict(dataset_entries(self.previous))
-        for name, ds in self.datasets.items():
-            datasets[name] = self._dataset_record(ds)
-        return {
-            "workbench_version": __version__,
-            "created": self.created,
-            "updated": time.time(),
-            "server_url": server.url,
-            "model": server.model,
-            "model_profile": self.manifest.model_profile,
-            "manifest_file": str(Path(self.manifest.source).resolve()),
-            "server_info": dict(server.info),
-            "model_info": dict(server.model_info),
-            "options": dataclasses.asdict(self.options),
-            "order_seed": self.order_seed,
-            "concurrency": dict(concurrency),
-            "benchmarks": None if benchmarks is None else dict(benchmarks),
-            "datasets": datasets,
-        }
-
-    def _dataset_record(self, ds: PlannedDataset) -> dict[str, Any]:
-        spec = ds.spec
-        return {
-            "path": spec.path, "input": spec.input, "prompts": len(ds.prompts),
-            "max_samples": _limit(spec.max_samples, self.options.max_samples),
-            "max_tokens": ds.progress.max_tokens,
-            "sampling": msgspec.to_builtins(ds.sampling),
-            "id_field": spec.id_field,
-            "tokenizer": spec.tokenizer,
-            "chat_template_kwargs": dict(spec.chat_template_kwargs),
-            "budget_reached": ds.progress.budget_reached,
-            "order": spec.order or "random",
-            "context_fit": spec.context_fit,
-            "context_fit_min_tokens": (spec.min_generation_tokens()
-                                       if spec.context_fit == "reduce_generation" else None),
-            "dedup": dedup_record(spec.dedup_mode(), self.manifest.dedup_threshold, ds.skipped),
-        }

@@ -14,30 +14,30 @@ finished samples are never rewritten. Before anything is written, :func:`read_re
 
 Changed or removed finished samples refuse the resume (:func:`conflict_message`: the
 dataset, the count, an example id); with ``--force`` their records are moved aside
-(``*.bak``) and the changed ones are sent again with their new prompt.
+(``*.bak``) and the changed ones are sent again with their new prompt. So does a run.json
+that says another model, or other sampling parameters for a dataset (:func:`check_settings`;
+``--force`` resumes anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from workbench.config import DatasetSpec, Sampling
+from workbench.errors import ResumeMismatch
 from workbench.generate.prompts import Prompt
 from workbench.rundir.layout import DatasetDir
-from workbench.rundir.records import (
-    LineSpan,
-    PromptRecord,
-    SampleId,
-    encode_line,
-    index_lines,
-    is_finished,
-    iter_blocks,
-    span_reader,
-)
+from workbench.rundir.line_index import LineSpan, index_lines, span_reader
+from workbench.rundir.manifest import dataset_entries, manifest_path
+from workbench.rundir.reader import iter_blocks
+from workbench.rundir.records import PromptRecord, SampleId, encode_line, is_finished
 
-__all__ = ["DatasetResume", "conflict_message", "prompt_line", "read_resume"]
+__all__ = ["DatasetResume", "check_settings", "conflict_message", "prompt_line", "read_resume"]
 
 _PROMPT = msgspec.json.Decoder(PromptRecord)
 
@@ -139,3 +139,22 @@ def conflict_message(name: str, state: DatasetResume, source: str) -> str:
                      f"sample_id {state.removed[0]!r})")
     return (f"dataset {name}: " + "; ".join(parts) + " (use --force to send them again with "
             "the new prompts, their records moved aside, or another --out)")
+
+
+def check_settings(out: Path, previous: Mapping[str, Any], model: str,
+                   loaded: Iterable[tuple[DatasetSpec, Sampling, list[Prompt]]]) -> None:
+    """ResumeMismatch when run.json (`previous`, of the run in `out`) says another model or
+    other sampling parameters than the `loaded` datasets' (spec, sampling, prompts)."""
+    path = manifest_path(out)
+    old_model = previous.get("model")
+    if old_model and old_model != model:
+        raise ResumeMismatch(
+            f"{path}: the run was made with model {old_model!r}, the server now serves "
+            f"{model!r} (use --force to resume anyway, or another --out)")
+    entries = dataset_entries(previous)
+    for spec, sampling, _prompts in loaded:
+        old, new = entries.get(spec.name, {}).get("sampling"), msgspec.to_builtins(sampling)
+        if old is not None and old != new:
+            raise ResumeMismatch(
+                f"{path}: datasets.{spec.name}.sampling changed from {old} to {new} "
+                "(use --force to resume anyway, or another --out)")

@@ -3,7 +3,7 @@
 A server can hang while it still answers ``/health`` (its scheduler stuck: no token is
 generated), or degrade (after heavy retraction SGLang's decode throughput has been seen to
 fall about 14 times and stay there). A server that stops answering is the outage gate's
-(:mod:`workbench.generate.dispatch`); the watchdog watches one that answers.
+(:mod:`workbench.generate.servers`); the watchdog watches one that answers.
 
 :class:`Detector` reads nothing and keeps no clock of its own: it is fed :class:`Reading`\\ s
 (each with its time ``at``, in seconds) and returns a :class:`Detection` when the state

@@ -1,7 +1,7 @@
 """Putting a run's lines on disk: whole, in order, and never counted before they are there.
 
 The :class:`RunWriter` is the one way the dispatcher writes records and error lines. A line
-is appended whole (:class:`~workbench.rundir.records.JsonlAppender` cuts a failed write
+is appended whole (:class:`~workbench.rundir.appender.JsonlAppender` cuts a failed write
 back); a reply is counted as done only once its record is on disk (the ``on_written``
 callback). When a write fails (a full disk, an I/O error, a read-only file system):
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from workbench.errors import StorageError
 from workbench.generate.gate import Gate, Notes
-from workbench.rundir.records import JsonlAppender
+from workbench.rundir.appender import JsonlAppender
 from workbench.text import format_duration
 
 __all__ = ["RunWriter"]
