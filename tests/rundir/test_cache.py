@@ -23,7 +23,7 @@ import workbench.analyze.stats as stats_module
 from workbench.analyze.stats import collect_stats
 from workbench.analyze.validate import validate_run
 from workbench.rundir import cache
-from workbench.rundir.columns import load_cached
+from workbench.rundir.columns import SCAN_CACHE
 from workbench.rundir.layout import CACHE_DIR, PROMPTS_FILE, RAW_FILE
 from workbench.rundir.records import PromptRecord, Record, encode_line
 
@@ -214,7 +214,7 @@ def test_an_appended_file_is_read_from_the_cached_offset(
     size = raw.stat().st_size
     with open(raw, "ab") as file:
         file.write(lines(RECORDS, 30))
-    found = load_cached(raw, None)
+    found = SCAN_CACHE.load(raw, None)
     assert found is not None and found[1] == size
     after = read(run)
     assert starts == {"stats": [size], "validate": [size]}  # the old bytes are not read again

@@ -44,12 +44,7 @@ from workbench import sketch
 from workbench.analyze.rules import Thresholds
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError
-from workbench.rundir.cache import (
-    cache_key,
-    file_stamp,
-    load_keyed,
-    save_keyed,
-)
+from workbench.rundir.cache import KeyedCache, cache_key, file_stamp
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.figures import (
     SIGNATURE_DTYPE,
@@ -212,6 +207,7 @@ def flagged_samples(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresho
 
 _Flags = dict[str, dict[str, dict[int, tuple[SampleId, str]]]]  # dataset -> rule -> line -> ...
 _FlagsValue = dict[str, dict[str, dict[int, tuple[int | str, str]]]]  # as msgpack decodes it
+_PROMPT_FLAGS: KeyedCache[_FlagsValue] = KeyedCache("quality-prompt-flags", _FlagsValue)
 
 
 def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
@@ -235,7 +231,7 @@ def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontami
                     None if decontaminate is None else decontaminate.key,
                     [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].figures.line))
                      for ds in run.datasets if ds.name in figures])
-    kept = load_keyed(run.out, "quality-prompt-flags", key, _FlagsValue) if cache else None
+    kept = _PROMPT_FLAGS.load(run.out, key) if cache else None
     if kept is not None:
         return kept
     flags: _Flags = {}
@@ -243,7 +239,7 @@ def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontami
     _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags)
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
     if cache:
-        save_keyed(run.out, "quality-prompt-flags", key, flags)
+        _PROMPT_FLAGS.save(run.out, key, flags)
     return flags
 
 

@@ -46,7 +46,7 @@ from workbench.analyze.rules import (
 from workbench.errors import DataError
 from workbench.profiles import ModelProfile
 from workbench.rundir.cache import Stamp, cache_key, file_stamp
-from workbench.rundir.columns import Columns, FileScan, Tally, load_cached, save_cached
+from workbench.rundir.columns import SCAN_CACHE, Columns, FileScan, Tally
 from workbench.rundir.figures import (
     OVERLAP_ENTRY,
     FigureStore,
@@ -310,7 +310,7 @@ def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache:
                     None if decontaminate is None else decontaminate.key)
     # a scan made under other rules, limits or benchmarks is not reused
     stamp = file_stamp(path)  # before any read: what a saved scan was read from
-    found = load_cached(path, key) if cache else None
+    found = SCAN_CACHE.load(path, key) if cache else None
     if found is None:
         return _File(path, checker, key, FileScan(Tally(thresholds.max_examples)), 0, False, stamp,
                      kept, overlaps)
@@ -347,7 +347,7 @@ def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) 
     """Cache every scan that read something new (or had no cache yet)."""
     for index, (file, scan) in enumerate(zip(files, scans, strict=True)):
         if file.path.is_file() and (index in owners or not file.cached):
-            save_cached(file.path, file.key, scan, scan.end_offset, file.stamp)
+            SCAN_CACHE.save(file.path, file.key, scan.kept(), scan.end_offset, file.stamp)
 
 
 def _dataset_checker(

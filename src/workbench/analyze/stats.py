@@ -57,7 +57,7 @@ from workbench.analyze.counters import ErrorCounts, PromptCounts, RawCounts, nea
 from workbench.analyze.eta import Progress, Target, progress, total_progress
 from workbench.errors import DataError
 from workbench.rundir import prompt_scan
-from workbench.rundir.columns import FileScan, load_cached
+from workbench.rundir.columns import SCAN_CACHE, FileScan
 from workbench.rundir.cursor import Cursor, guarded, line_chunks
 from workbench.rundir.layout import DatasetDir, find_datasets
 from workbench.rundir.manifest import ManifestWatcher, dataset_entries
@@ -298,7 +298,7 @@ class _Dataset:
     def _start_from_cache(self, cutoff: float) -> None:
         """Count what a scan cached beside the file (see :mod:`workbench.rundir.columns`), so that
         only the bytes after it are read; nothing when there is no usable cache."""
-        cached = load_cached(self.raw_cursor.path, None)
+        cached = SCAN_CACHE.load(self.raw_cursor.path, None)
         if cached is not None and cached[1] > 0:
             scan, offset = cached
             self.raw.add_scan(scan, cutoff, self.unresolved)

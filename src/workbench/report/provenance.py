@@ -21,7 +21,7 @@ whether it is unchanged, grew (its first recorded bytes unchanged), changed, mis
 
 Digests. A run's data files (raw, prompts, errors) get Dropbox's content hash
 (``content_hash``: the sha256 of the sha256 digests of each 4 MiB block), whose whole blocks
-are kept in the dataset's cache (:func:`workbench.rundir.cache.save_appended`): a report of
+are kept in the dataset's cache (an appended cache, :mod:`workbench.rundir.cache`): a report of
 a run that grew reads only its last block and what was appended, not the whole run again.
 Like the scan, it trusts the cached blocks while the file is unchanged or only grew (see
 :mod:`workbench.rundir.cache`). Every other file gets its plain ``sha256``.
@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import ConfigError, DataError
-from workbench.rundir.cache import file_stamp, load_appended, save_appended
+from workbench.rundir.cache import AppendedCache, file_stamp
 from workbench.rundir.layout import DATASET_FILES
 from workbench.rundir.run import load_run
 
@@ -71,7 +71,7 @@ PACKAGES = ("workbench", "numpy", "pandas", "pyarrow", "msgspec", "plotly", "pap
             "nbformat", "ipykernel", "jupyterlab", "ipywidgets", "anywidget", "transformers", "tokenizers")
 _CHUNK = 1 << 20
 CONTENT_BLOCK = 4 << 20  # Dropbox's content hash block
-_BLOCKS_KIND = "digest"
+_BLOCKS: AppendedCache[list[bytes]] = AppendedCache("digest", list[bytes])
 
 
 def digest(path: Path, length: int | None = None) -> tuple[int, str]:
@@ -95,7 +95,7 @@ def content_hash(path: Path, length: int | None = None, *, cache: bool = False) 
     be cut off when a run resumes) and taken from there while they fit it."""
     key = f"{path.name}-4MiB"  # one cache file per file of the folder
     stamp = file_stamp(path) if cache else None  # before any read: what the kept blocks fit
-    found = load_appended(path, _BLOCKS_KIND, key, list[bytes]) if cache else None
+    found = _BLOCKS.load(path, key) if cache else None
     blocks: list[bytes] = []
     read = lines_end = 0
     with path.open("rb") as file:
@@ -113,7 +113,7 @@ def content_hash(path: Path, length: int | None = None, *, cache: bool = False) 
                 break  # the file's end (or `length`)
     kept = lines_end // CONTENT_BLOCK
     if cache and kept * CONTENT_BLOCK > (found[1] if found else 0):
-        save_appended(path, _BLOCKS_KIND, key, blocks[:kept], kept * CONTENT_BLOCK, stamp)
+        _BLOCKS.save(path, key, blocks[:kept], kept * CONTENT_BLOCK, stamp)
     return read, hashlib.sha256(b"".join(blocks)).hexdigest()
 
 

@@ -15,13 +15,12 @@ size, reasoning, examples kept).
 from __future__ import annotations
 
 import bisect
-from pathlib import Path
 
 import msgspec
 
-from workbench.rundir.cache import Stamp, load_appended, save_appended
+from workbench.rundir.cache import AppendedCache
 
-__all__ = ["Columns", "FileScan", "Tally", "load_cached", "save_cached"]
+__all__ = ["SCAN_CACHE", "Columns", "FileScan", "Tally"]
 
 SampleId = int | str
 
@@ -119,6 +118,11 @@ class FileScan(msgspec.Struct):
         self.end_offset = part.end_offset
         self.torn = None if part.torn is None else (base + part.torn[0], part.torn[1])
 
+    def kept(self) -> FileScan:
+        """What a cache keeps of this scan: all of it but a torn last line, read again until
+        it is complete."""
+        return msgspec.structs.replace(self, torn=None)
+
     def block_at(self, line: int) -> tuple[int, int]:
         """(byte offset, first line) of the block holding line ((0, 1) before any block)."""
         index = bisect.bisect_right(self.blocks, (line, 1 << 62)) - 1
@@ -128,13 +132,5 @@ class FileScan(msgspec.Struct):
         return offset, first
 
 
-def load_cached(raw: Path, key: str | None) -> tuple[FileScan, int] | None:
-    """(the cached scan of raw, the offset it reached), or None (see :func:`load_appended`).
-    Key None takes the newest usable scan of any settings (for counts that depend on none)."""
-    return load_appended(raw, "scan", key, FileScan)
-
-
-def save_cached(raw: Path, key: str, scan: FileScan, offset: int, stamp: Stamp | None) -> None:
-    """Store scan (of raw up to the line start offset, raw having stamp before it was read)
-    for the next scan; best effort (see :func:`workbench.rundir.cache.save_appended`)."""
-    save_appended(raw, "scan", key, msgspec.structs.replace(scan, torn=None), offset, stamp)
+SCAN_CACHE: AppendedCache[FileScan] = AppendedCache("scan", FileScan)
+"""The scan of each raw file, kept beside it (what :meth:`FileScan.kept` says)."""

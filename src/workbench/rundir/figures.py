@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -46,8 +45,7 @@ import msgspec
 import numpy as np
 
 from workbench import sketch
-from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
-from workbench.rundir.layout import CACHE_DIR
+from workbench.rundir.cache import AppendedCache, cache_key, file_stamp, store_path
 from workbench.rundir.prompt_reader import PromptContents, iter_prompt_contents
 from workbench.rundir.records import SampleId
 
@@ -105,8 +103,7 @@ def overlaps_path(folder: Path, decontaminate: sketch.Decontamination) -> Path:
 
 
 def _store_path(folder: Path, kind: str, settings: object) -> Path:
-    key = hashlib.sha256(repr((FIGURES_VERSION, settings, sketch.MAX_ROW_IDS)).encode())
-    return Path(folder) / CACHE_DIR / f"{kind}-{key.hexdigest()[:16]}.bin"
+    return store_path(folder, kind, (FIGURES_VERSION, settings, sketch.MAX_ROW_IDS))
 
 
 class FigureStore:
@@ -387,6 +384,9 @@ class PromptFigures(msgspec.Struct):
         self.lines += other.lines
 
 
+_PROMPT_FIGURES: AppendedCache[PromptFigures] = AppendedCache("prompt-figures", PromptFigures)
+
+
 def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | None = None,
                    also: Callable[[PromptContents, list[int]], None] | None = None,
                    ) -> PromptFigures:
@@ -395,7 +395,7 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
     returned (a whole number of blocks: the rest is read next time). `also` is called with
     each block read and the indexes of its prompts given figures (one read for more)."""
     key = cache_key("prompt-figures", FIGURES_VERSION, sketch.DEFAULT_SHINGLE, NUM_PERM)
-    found = load_appended(path, "prompt-figures", key, PromptFigures) if cache else None
+    found = _PROMPT_FIGURES.load(path, key) if cache else None
     known, offset = found if found is not None else (PromptFigures(), 0)
     stamp = file_stamp(path)  # before the read: what a saved value was read from
     seen = set(known.sample_id)
@@ -413,7 +413,7 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
             break
     known.extend(new)
     if cache and end > offset:
-        save_appended(path, "prompt-figures", key, known, end, stamp)
+        _PROMPT_FIGURES.save(path, key, known, end, stamp)
     return known
 
 
@@ -470,6 +470,9 @@ class _Overlaps(msgspec.Struct):
     lines: int = 0
 
 
+_PROMPT_OVERLAPS: AppendedCache[_Overlaps] = AppendedCache("prompt-overlaps", _Overlaps)
+
+
 def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache: bool = True,
                 stop: Callable[[], bool] | None = None) -> PromptRows:
     """The figures of prompts file path (see :func:`prompt_figures`) and their benchmark
@@ -480,7 +483,7 @@ def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache:
         figures = prompt_figures(path, cache, stop)
         return PromptRows(figures, [0] * len(figures.line))
     key = cache_key("prompt-overlaps", FIGURES_VERSION, decontaminate.key)
-    found = load_appended(path, "prompt-overlaps", key, _Overlaps) if cache else None
+    found = _PROMPT_OVERLAPS.load(path, key) if cache else None
     if found is None:  # the overlaps read with the figures, when those are read too
         stamp = file_stamp(path)
         overlaps = _Overlaps()
@@ -494,7 +497,7 @@ def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache:
         if (overlaps.lines, len(overlaps.overlap)) == (figures.lines, len(figures.line)):
             # the figures were read from the start: the overlaps are whole
             if cache and ends[0]:
-                save_appended(path, "prompt-overlaps", key, overlaps, ends[0], stamp)
+                _PROMPT_OVERLAPS.save(path, key, overlaps, ends[0], stamp)
             return PromptRows(figures, overlaps.overlap)
         found = (_Overlaps(), 0)
     else:
@@ -518,7 +521,7 @@ def _overlaps(path: Path, rows: int, decontaminate: sketch.Decontamination, key:
         if stop is not None and stop():
             break
     if cache and end > offset:
-        save_appended(path, "prompt-overlaps", key, known, end, stamp)
+        _PROMPT_OVERLAPS.save(path, key, known, end, stamp)
     return (known.overlap + [0] * rows)[:rows]  # a file grown between the two reads
 
 

@@ -4,9 +4,8 @@ prompts.jsonl (the prompts as sent, written once before the replies) is big on r
 Validation needs each sample id's first line and the file's problems, the stats its line and
 id counts, the subset comparison each prompt's length. :func:`summary` reads the file once, in
 blocks (:func:`workbench.rundir.prompt_reader.iter_prompt_blocks`), into a :class:`PromptScan`
-holding all of it, and keeps it beside the file (:func:`workbench.rundir.cache.save_summary`)
-while the file's stamp is unchanged (:func:`workbench.rundir.cache.save_appended`): whichever
-reader comes first reads the file, the others load the summary, and a file that grew (a resume
+holding all of it, and keeps it beside the file (an appended cache,
+:mod:`workbench.rundir.cache`): whichever reader comes first reads the file, the others load the summary, and a file that grew (a resume
 adds prompts) is read only after what was kept. A file holding an id past 64 bits (msgpack's
 range) cannot be kept and is read each time.
 
@@ -32,15 +31,14 @@ from pathlib import Path
 
 import msgspec
 
-from workbench.rundir.cache import cache_key, file_stamp, load_appended, save_appended
+from workbench.rundir.cache import AppendedCache, cache_key, file_stamp
 from workbench.rundir.prompt_reader import iter_prompt_blocks
 from workbench.rundir.records import PromptBlock, PromptRow, SampleId
 
 __all__ = ["TEXT_CHARS_PER_TOKEN", "PromptScan", "scan", "summary"]
 
 TEXT_CHARS_PER_TOKEN = 4.0
-_KIND = "prompts"
-_KEY = cache_key(_KIND, TEXT_CHARS_PER_TOKEN, "appended")
+_KEY = cache_key("prompts", TEXT_CHARS_PER_TOKEN, "appended")
 _NOT_ROWS = frozenset({"malformed", "not_object"})  # the problems of non-blank lines without a row
 
 
@@ -66,11 +64,14 @@ class PromptScan(msgspec.Struct):
         return {sid: n for sid, n in zip(self.ids, self.lengths, strict=True) if n is not None}
 
 
+_CACHE: AppendedCache[PromptScan] = AppendedCache("prompts", PromptScan)
+
+
 def summary(path: str | os.PathLike[str], *, cache: bool = True) -> PromptScan:
     """The scan of the whole of path: what was kept beside it (with `cache`) and the lines
     appended since, else all of it read (and kept). Raises OSError when path cannot be read."""
     path = Path(path)
-    kept = load_appended(path, _KIND, _KEY, PromptScan) if cache else None
+    kept = _CACHE.load(path, _KEY) if cache else None
     stamp = file_stamp(path)  # before the read: what a kept summary was read from
     if kept is not None and stamp is not None and stamp[2] == kept[1]:
         return kept[0]  # unchanged, no torn last line
@@ -79,7 +80,7 @@ def summary(path: str | os.PathLike[str], *, cache: bool = True) -> PromptScan:
     for block in iter_prompt_blocks(path, offset=start, first_line=reader.found.next_line):
         reader.add(block)
     if cache and (kept is None or reader.found.end_offset > start):
-        save_appended(path, _KIND, _KEY, reader.found, reader.found.end_offset, stamp)
+        _CACHE.save(path, _KEY, reader.found, reader.found.end_offset, stamp)
     return reader.found
 
 
