@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,9 @@ from workbench.report.parameters import (
     notebook_parameters,
     parse_overrides,
 )
-from workbench.report.render import cell_data, run_report
+from workbench.report.render import SOCKET_PATH_MAX, cell_data, run_report, socket_folder
 from workbench.rundir.records import Record, encode_line
+from workbench.server.launch import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +75,7 @@ def _plant(raw: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> dict[str, Any]:
     """A small simulator run (two datasets) with planted problems, and a tokenizer."""
     base = tmp_path_factory.mktemp("report-run")
     generate_run(base, [
@@ -81,7 +83,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
          "max_samples": 60, "chat_template_kwargs": {"thinking": True}},
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids",
          "max_samples": 60, "max_tokens": 6000},
-    ])
+    ], shared_sim)
     _plant(base / "out" / "chat" / "raw_responses.jsonl")
     return {"out": base / "out", "tokenizer": _tokenizer(base / "tokenizer"), "now": time.time(),
             "base": base}
@@ -298,6 +300,25 @@ def test_the_executed_notebook_is_written_once(tmp_path: Path, monkeypatch: pyte
     assert len(writes) == 1
     executed = nbformat.read(result.notebook_path, as_version=4)
     assert [c.outputs[0]["text"] for c in executed.cells[2:]] == [f"{k}\n" for k in range(6)]
+
+
+@pytest.mark.parametrize("depth", [1, 12])
+def test_a_kernel_runs_however_deep_jupyters_runtime_folder_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, depth: int) -> None:
+    """Local sockets where their paths fit, TCP on 127.0.0.1 where they would not (a socket's
+    path holds about 100 bytes): a report runs either way."""
+    top = Path(tempfile.mkdtemp(prefix="wb-rt-", dir="/tmp"))  # short, unlike tmp_path
+    runtime = top.joinpath(*["runtime-folder"] * depth)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    notebooks = _notebook(tmp_path / "nb", "run_dir = None", "print('ran')")
+    try:
+        result = run_report("slow", None, {}, tmp_path / "out", notebooks=notebooks)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    executed = nbformat.read(result.notebook_path, as_version=4)
+    assert executed.cells[2].outputs[0]["text"] == "ran\n"
+    assert socket_folder() == (runtime if depth == 1 else None)
+    assert len(os.fsencode(runtime)) > SOCKET_PATH_MAX or depth == 1
 
 
 def test_missing_input_folders_fail_before_a_kernel_starts(run: dict[str, Any], tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ JupyterLab. What the report was made from is recorded beside it
 (:mod:`workbench.report.provenance`; ``--rerun`` makes it again).
 
 Execution. The kernel is ipykernel on this very interpreter (whatever kernelspecs are
-installed). A cell that raises or times out (or a kernel that dies) stops the run with
+installed), over local sockets in Jupyter's runtime folder (TCP on 127.0.0.1 on Windows, or
+where a socket's path there would be too long: :func:`socket_folder`). A cell that raises or times out (or a kernel that dies) stops the run with
 ReportError naming the cell (its index in the source notebook and its first line) and the
 exception; the executed notebook is kept. It is written once, when the run ends.
 
@@ -56,6 +57,7 @@ from workbench.tokenizer import check_tokenizer_dir
 
 __all__ = [
     "DEFAULT_OUT",
+    "SOCKET_PATH_MAX",
     "Planned",
     "ReportResult",
     "cell_data",
@@ -66,6 +68,7 @@ __all__ = [
     "plan_report",
     "rerun_report",
     "run_report",
+    "socket_folder",
 ]
 
 DEFAULT_OUT = Path("outputs/reports")
@@ -101,10 +104,25 @@ class ReportResult:
     inputs_changed: bool | None = None  # since the previous rendering (None: the first)
 
 
+SOCKET_PATH_MAX = 100  # bytes of a local socket's path: sun_path holds 108 (Linux), 104 (macOS)
+
+
+def socket_folder() -> Path | None:
+    """Jupyter's runtime folder, where a report kernel's local sockets go; None on Windows, or
+    where a socket's path in it would be too long (a deep ``JUPYTER_RUNTIME_DIR``): TCP on
+    127.0.0.1 then."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    if sys.platform == "win32":
+        return None
+    folder = Path(jupyter_runtime_dir())
+    longest = folder / f"workbench-{'0' * 12}-ipc-99"  # the prefix below, a channel's number
+    return folder if len(os.fsencode(longest)) <= SOCKET_PATH_MAX else None
+
+
 def _kernel_manager_class() -> type:
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import AsyncKernelManager
-    from jupyter_core.paths import jupyter_runtime_dir
     from traitlets import default
 
     class InterpreterKernelManager(AsyncKernelManager):  # type: ignore[misc]
@@ -113,13 +131,13 @@ def _kernel_manager_class() -> type:
 
         @default("transport")
         def _default_transport(self) -> str:
-            return "tcp" if sys.platform == "win32" else "ipc"
+            return "ipc" if socket_folder() is not None else "tcp"
 
         @default("ip")
         def _default_ip(self) -> str:
-            if self.transport != "ipc":
+            folder = socket_folder() if self.transport == "ipc" else None
+            if folder is None:
                 return "127.0.0.1"
-            folder = Path(jupyter_runtime_dir())
             folder.mkdir(parents=True, exist_ok=True)
             return str(folder / f"workbench-{uuid.uuid4().hex[:12]}-ipc")  # socket path prefix
 
