@@ -40,9 +40,12 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     """A Hugging Face tokenizer from a local directory, loaded once per directory.
 
     `trust_remote_code` runs the directory's own tokenizer code (Kimi-K2.5's tiktoken tokenizer
-    needs it). ConfigError when transformers is missing or the directory holds no tokenizer.
+    needs it). ConfigError when transformers is missing or the directory holds no tokenizer,
+    or is gone (a long-lived process, a notebook kernel, whose directory was moved since).
     """
-    return _load_tokenizer(str(Path(path).expanduser().resolve()), trust_remote_code)
+    resolved = str(Path(path).expanduser().resolve())
+    check_tokenizer_dir(resolved)
+    return _load_tokenizer(resolved, trust_remote_code)
 
 
 def check_tokenizer_dir(path: str | Path) -> None:
