@@ -1,5 +1,9 @@
-"""The package's shape: stage packages that import only downwards, no import circles, and one
-owner of the run directory's files.
+"""The package's shape: stage packages that import only downwards, no import circles, one
+owner of the run directory's files, and rooms a person reads in a sitting (no module over
+MAX_MODULE_LINES lines, no class over MAX_CLASS_LINES).
+
+``python tests/test_layout.py`` prints the picture: the largest modules and classes, and
+which packages each package imports (``make test`` prints it before the tests).
 
 Every import of a workbench module counts, at module level or inside a function, under
 ``if TYPE_CHECKING:`` too: a function-level import that dodges a circle is still a circle.
@@ -9,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +38,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"cli"},
     {"__main__"},
 ))
+
+MAX_MODULE_LINES = 800  # past this, a module holds two concerns: split it by concern
+MAX_CLASS_LINES = 300
 
 # Function-level imports of workbench modules, each for a reason other than a circle (a
 # package's entry covers its modules too).
@@ -189,3 +198,57 @@ def test_every_module_says_what_it_exports(name: str) -> None:
     exported = getattr(module, "__all__", None)
     assert isinstance(exported, list), f"{name} has no __all__"
     assert [n for n in exported if not hasattr(module, n)] == []
+
+
+def _lines(name: str) -> int:
+    return MODULES[name].read_text(encoding="utf-8").count("\n")
+
+
+def _classes() -> Iterator[tuple[str, int]]:
+    """(module.Class, lines) of every class, nested ones too."""
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                yield f"{name}.{node.name}", node.end_lineno - node.lineno + 1  # type: ignore[operator]
+
+
+def test_no_module_is_past_its_size() -> None:
+    big = {name: _lines(name) for name in MODULES if _lines(name) > MAX_MODULE_LINES}
+    assert big == {}, f"split by concern: modules over {MAX_MODULE_LINES} lines"
+
+
+def test_no_class_is_past_its_size() -> None:
+    big = {name: lines for name, lines in _classes() if lines > MAX_CLASS_LINES}
+    assert big == {}, f"split by concern: classes over {MAX_CLASS_LINES} lines"
+
+
+def test_the_size_check_sees_every_class() -> None:
+    classes = dict(_classes())
+    assert "workbench.generate.dispatch.Runner" in classes
+    assert 0 < classes["workbench.generate.dispatch.Runner"] <= MAX_CLASS_LINES
+
+
+def picture(largest: int = 8) -> str:
+    """The largest modules and classes against their limits, and each package's imports of
+    other packages (module imports counted)."""
+    modules = sorted(((_lines(name), name) for name in MODULES), reverse=True)
+    classes = sorted(((lines, name) for name, lines in _classes()), reverse=True)
+    total = sum(n for n, _ in modules)
+    lines = [f"{len(MODULES)} modules, {total} lines; largest (limit {MAX_MODULE_LINES}):"]
+    lines += [f"  {n:5d}  {name}" for n, name in modules[:largest]]
+    lines.append(f"{len(classes)} classes; largest (limit {MAX_CLASS_LINES}):")
+    lines += [f"  {n:5d}  {name}" for n, name in classes[:largest]]
+    lines.append("imports between packages (layer: package -> packages, module imports):")
+    edges: dict[str, Counter[str]] = {}
+    for name, targets in GRAPH.items():
+        for target in targets:
+            if _package(target) != _package(name):
+                edges.setdefault(_package(name), Counter())[_package(target)] += 1
+    for package in sorted(edges, key=lambda p: (_layer(f"workbench.{p}"), p)):
+        used = ", ".join(f"{target} {count}" for target, count in sorted(edges[package].items()))
+        lines.append(f"  {_layer(f'workbench.{package}')}: {package} -> {used}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(picture() + "\n")
