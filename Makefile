@@ -25,9 +25,15 @@ install-test: $(VENV)/.installed-test
 demo: $(VENV)/.installed-demo
 	$(BIN)/workbench demo --out outputs/demo
 
+# The suite on TEST_WORKERS parallel workers that steal work from each other (pytest-xdist):
+# most tests wait on a server, a kernel or a browser, so more workers than cores keep both
+# cores busy. The package's picture (sizes, imports) first, the 20 slowest tests last.
+TEST_WORKERS ?= 4
+
 test: $(VENV)/.installed-test
 	./scripts/ci_install_system.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/test_layout.py
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=20 $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/scan.py

@@ -1,5 +1,5 @@
-"""Shared fixtures: simulators on real sockets, the `workbench` command as a subprocess, and
-bounded waits on events.
+"""Shared fixtures: simulators on real sockets, the `workbench` command (in this process, or as
+a process of its own where the process is what is tested), and bounded waits on events.
 
 Tests wait on events (a line written, a port open, a counter moved, a process gone), never on
 a pause, and never assert how long something took. `wait_until` is that wait: it polls a real
@@ -9,18 +9,23 @@ generous: a loaded machine is slow, not wrong).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import random
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+import traceback
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from workbench.cli import main as workbench_main
 from workbench.demo import start_simulator
 from workbench.server.launch import ServerProcess
 
@@ -34,13 +39,26 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+SIM_FLAGS: dict[str, Any] = {"profile": "fast", "enable_metrics": True, "random_seed": 0}
+
+
+@pytest.fixture(scope="session")
+def shared_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One simulator (SIM_FLAGS) for the tests of this worker that need only its HTTP
+    contract; a test about its counters, its cache, its faults or its process starts its own
+    (`start_sim`). A worker runs one test at a time: the simulator serves one test at once."""
+    server = start_simulator(tmp_path_factory.mktemp("shared-sim") / "sim.log", SIM_FLAGS)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    """Start simulators (fast profile, metrics on) on free ports; all are stopped afterwards."""
+    """Start simulators (SIM_FLAGS and `args`) on free ports; all are stopped afterwards."""
     servers: list[ServerProcess] = []
 
     def start(**args: Any) -> ServerProcess:
-        flags = {"profile": "fast", "enable_metrics": True, "random_seed": 0, **args}
+        flags = {**SIM_FLAGS, **args}
         server = start_simulator(tmp_path / f"sim-{len(servers)}.log", flags)
         servers.append(server)
         return server
@@ -50,8 +68,77 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         server.stop()
 
 
-def workbench(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run `python -m workbench ARGS` and capture its output."""
+def workbench(*args: str, timeout: float = 300, env: Mapping[str, str] | None = None,
+              cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`workbench ARGS` run by the command's own `main` in this process, stdout and stderr
+    captured: the same parser, verbs, messages and exit codes as `python -m workbench`, without
+    a Python start-up and the whole stack's imports per call (most tests are about what a verb
+    does, not about a process). `env` stands for the environment and `cwd` for the working
+    folder while it runs; an error that escapes `main` is a traceback on stderr and exit 1, as
+    in a process. A run that hangs is ended by pytest-timeout (`timeout` is the process's).
+    What is about the process itself (signals, a closed pipe, the entry point, what a child
+    inherits) goes through :func:`workbench_process`."""
+    out, err = io.StringIO(), io.StringIO()
+    with (_environment(env), _working_folder(cwd), _argv(["workbench", *args]),
+          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
+        code = _exit_code(args, err)
+    return subprocess.CompletedProcess(["workbench", *args], code, out.getvalue(), err.getvalue())
+
+
+def _exit_code(args: tuple[str, ...], err: io.StringIO) -> int:
+    """What `sys.exit(main(args))` would leave as the exit status."""
+    try:
+        return workbench_main(list(args))
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        err.write(f"{exc.code}\n")
+        return 1
+    except Exception:  # noqa: BLE001 - an uncaught error: what the interpreter would print
+        err.write(traceback.format_exc())
+        return 1
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _working_folder(cwd: str | os.PathLike[str] | None) -> Iterator[None]:
+    if cwd is None:
+        yield
+        return
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+@contextlib.contextmanager
+def _argv(argv: list[str]) -> Iterator[None]:
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def workbench_process(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run `python -m workbench ARGS` as a process of its own and capture its output."""
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
@@ -65,15 +152,11 @@ def write_manifest(folder: Path, datasets: list[dict[str, Any]], **top: Any) -> 
     return path
 
 
-def generate_run(base: Path, datasets: list[dict[str, Any]]) -> Path:
-    """BASE/out: the datasets generated on a simulator (fast profile, seed 0) that is then stopped."""
+def generate_run(base: Path, datasets: list[dict[str, Any]], server: ServerProcess) -> Path:
+    """BASE/out: the datasets generated on the simulator `server`."""
     manifest = write_manifest(base, datasets)
-    server = start_simulator(base / "sim.log", {"profile": "fast", "random_seed": 0})
-    try:
-        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
-                         "--out", str(base / "out"), "--progress-interval", "30")
-    finally:
-        server.stop()
+    done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
+                     "--out", str(base / "out"), "--progress-interval", "30")
     assert done.returncode == 0, done.stderr
     return base / "out"
 

@@ -4,7 +4,6 @@ server's root (404 on the info paths)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,9 +56,9 @@ def manifest(tmp_path: Path) -> Path:
 
 @pytest.mark.integration
 def test_server_url_fixes_are_noted_and_the_run_works(
-    start_sim: Callable[..., ServerProcess], manifest: Path, tmp_path: Path
+    shared_sim: ServerProcess, manifest: Path, tmp_path: Path
 ) -> None:
-    sim = start_sim()
+    sim = shared_sim
     port = sim.url.rsplit(":", 1)[1]
     done = workbench("generate", "--datasets", str(manifest), "--server", f"127.0.0.1:{port}/v1",
                      "--out", str(tmp_path / "out"))
@@ -75,9 +74,9 @@ def test_server_url_fixes_are_noted_and_the_run_works(
 
 @pytest.mark.integration
 def test_a_url_below_the_root_gets_the_root_as_hint(
-    start_sim: Callable[..., ServerProcess], manifest: Path, tmp_path: Path
+    shared_sim: ServerProcess, manifest: Path, tmp_path: Path
 ) -> None:
-    sim = start_sim()
+    sim = shared_sim
     done = workbench("generate", "--datasets", str(manifest), "--server", f"{sim.url}/api",
                      "--out", str(tmp_path / "out"))
     line = one_line_error(done)

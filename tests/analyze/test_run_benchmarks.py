@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 from conftest import BENCH, EXAMPLES, jsonl, text_prompts, workbench, write_manifest
@@ -71,7 +70,7 @@ def _counts(text: str) -> dict[str, int]:
 
 
 def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
-    tmp_path: Path, start_sim: Callable[..., ServerProcess],
+    tmp_path: Path, shared_sim: ServerProcess,
 ) -> None:
     folder = tmp_path / "job"
     (folder / "bench").mkdir(parents=True)
@@ -82,7 +81,7 @@ def test_the_run_keeps_its_benchmarks_for_resume_validate_reports_and_export(
                                         "input": "text", "max_samples": 16}],
                               tokenizer=str(tokenizer))
     out = tmp_path / "out"
-    sim = start_sim()
+    sim = shared_sim
     _generate(sim, manifest, out, "--decontaminate", "bench/tiny.jsonl", cwd=folder)  # relative
     bench = folder / "bench" / "tiny.jsonl"
     assert read_manifest(out)["benchmarks"] == {"files": [str(bench)], "field": None, "ngram": 13}

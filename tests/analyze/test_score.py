@@ -35,14 +35,14 @@ CONTENT_IDS = (0, 1294)  # the simulator's vocabulary (kimi-k2.5's sim_content_i
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def generated(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     """A small run of two datasets (ids and text prompts) generated on the simulator."""
     return generate_run(tmp_path_factory.mktemp("score-run"), [
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids",
          "max_samples": 10},
         {"name": "txt", "path": str(EXAMPLES / "data/texts.jsonl"), "input": "text",
          "max_samples": 4},
-    ])
+    ], shared_sim)
 
 
 @pytest.fixture(scope="module")

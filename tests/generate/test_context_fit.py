@@ -268,10 +268,10 @@ def test_fail_is_the_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_simulator_refusal_cut_to_fit(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
+def test_simulator_refusal_cut_to_fit(tmp_path: Path, shared_sim: ServerProcess) -> None:
     """Prompt + max_new_tokens over the simulator's context: `fit` sends it again cut, `fail`
     and `min` (a minimum above what fits) fail it; a prompt too long alone always fails."""
-    server = start_sim()
+    server = shared_sim
     short, alone = tmp_path / "short.jsonl", tmp_path / "alone.jsonl"
     short.write_text(json.dumps({"sample_id": 0, "input_ids": [7] * 200}) + "\n")
     alone.write_text(short.read_text() + json.dumps({"sample_id": 1, "input_ids": [7] * 33_000}) + "\n")

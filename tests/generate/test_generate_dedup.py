@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -289,9 +288,9 @@ def test_the_cli_says_a_bad_value_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_generate_on_the_simulator_skips_and_says_so(
-        tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
+        tmp_path: Path, shared_sim: ServerProcess) -> None:
     write_manifest(tmp_path, top="dedup: near")
-    server, out = start_sim(), tmp_path / "out"
+    server, out = shared_sim, tmp_path / "out"
     args = ("generate", "--datasets", str(tmp_path / "datasets.yaml"), "--server", server.url,
             "--out", str(out), "--progress-interval", "30")
     first = workbench(*args)

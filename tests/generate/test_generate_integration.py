@@ -48,8 +48,8 @@ def three_modes(tmp_path: Path, n: int = 20) -> Path:
     ])
 
 
-def test_three_input_modes_end_to_end(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
-    server = start_sim()
+def test_three_input_modes_end_to_end(tmp_path: Path, shared_sim: ServerProcess) -> None:
+    server = shared_sim
     out = tmp_path / "out"
     done = workbench("generate", "--datasets", str(three_modes(tmp_path)), "--server", server.url,
                      "--out", str(out), "--progress-interval", "1")
@@ -143,8 +143,8 @@ def test_faults_still_end_with_every_sample(tmp_path: Path, start_sim: Callable[
     assert kinds["server_error"] > 0 and kinds["connection"] > 0
 
 
-def test_sigint_stops_gracefully(tmp_path: Path, start_sim: Callable[..., ServerProcess]) -> None:
-    server = start_sim()
+def test_sigint_stops_gracefully(tmp_path: Path, shared_sim: ServerProcess) -> None:
+    server = shared_sim
     manifest = write_manifest(tmp_path, [
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids"}])
     out = tmp_path / "out"

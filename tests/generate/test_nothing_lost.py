@@ -32,6 +32,7 @@ from workbench.rundir.appender import JsonlAppender
 from workbench.rundir.line_index import read_sample_ids
 from workbench.rundir.reader import read_rows
 from workbench.server.client import SGLangClient
+from workbench.server.launch import ServerProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -418,12 +419,14 @@ async def test_a_resume_with_nothing_to_send_keeps_the_concurrency_of_the_run(tm
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Any:
-    """A 512 KiB tmpfs mounted for the test (root only: skipped where mounting is refused)."""
+    """A 2 MiB tmpfs mounted for the test (root only: skipped where mounting is refused): room
+    for a whole run of the tests below (records, prompts, the reply-figure stores: about
+    600 KiB) once the filler is gone."""
     import subprocess
 
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
                           check=False, capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
@@ -489,7 +492,7 @@ async def test_a_full_file_system_at_the_start_is_one_line_and_leaves_no_temp_fi
 
 @pytest.mark.integration
 def test_a_read_only_out_is_one_line_and_exit_74(
-    tmp_path: Path, small_tmpfs: Path, start_sim: Callable[..., Any]
+    tmp_path: Path, small_tmpfs: Path, shared_sim: ServerProcess
 ) -> None:
     import subprocess
 
@@ -497,7 +500,7 @@ def test_a_read_only_out_is_one_line_and_exit_74(
 
     manifest = write_manifest(tmp_path, {"a": [5] * 4})
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
-    server = start_sim()
+    server = shared_sim
     done = workbench("generate", "--datasets", str(manifest.source), "--server", server.url,
                      "--out", str(small_tmpfs / "out"))
     assert done.returncode == 74, done.stderr

@@ -28,7 +28,7 @@ from conftest import EXAMPLES, ROOT, generate_run, wait_until
 from playwright import sync_api as playwright  # the test extra installs it
 
 from workbench.analyze.explore import record_detail
-from workbench.server.launch import find_free_port
+from workbench.server.launch import ServerProcess, find_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +40,13 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     return generate_run(tmp_path_factory.mktemp("explore-run"), [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
          "max_samples": 30, "chat_template_kwargs": {"thinking": True}},
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids",
          "max_samples": 30, "sampling": {"max_new_tokens": 120}},  # the simulator's replies run
-    ])  # 50-250 ids: a cap of 120 leaves both finished and truncated replies, whatever the order
+    ], shared_sim)  # 50-250 ids: a cap of 120 leaves both finished and truncated replies, whatever the order
 
 
 @pytest.fixture

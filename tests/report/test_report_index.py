@@ -15,6 +15,7 @@ from conftest import EXAMPLES, generate_run, workbench
 from workbench.errors import ReportError
 from workbench.report import index
 from workbench.report.render import run_report
+from workbench.server.launch import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +40,10 @@ def _broken_notebook(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def reports(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> dict[str, object]:
     base = tmp_path_factory.mktemp("index")
     run = generate_run(base, [{"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"),
-                               "input": "messages", "max_samples": 16}])
+                               "input": "messages", "max_samples": 16}], shared_sim)
     out = base / "reports"
     values = {"run_dir": str(run), "sample_size": 100}
     first = run_report("token_distribution", None, values, out)

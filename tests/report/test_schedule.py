@@ -20,6 +20,7 @@ from workbench.errors import ConfigError, ReportError
 from workbench.report import index, provenance
 from workbench.report.render import ReportResult, run_report
 from workbench.report.schedule import Schedule, parse_interval, run_finished, watch_report
+from workbench.server.launch import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +28,11 @@ RAW = "raw_responses.jsonl"
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def full_run(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     """A finished simulator run of one dataset of 24 records."""
     return generate_run(tmp_path_factory.mktemp("schedule-run"), [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
-         "max_samples": 24}])
+         "max_samples": 24}], shared_sim)
 
 
 class Growing:

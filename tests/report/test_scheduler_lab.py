@@ -30,7 +30,7 @@ from playwright import sync_api as playwright  # the test extra installs it
 from workbench.jobfolder import init_job_folder
 from workbench.report import index
 from workbench.report.lab import job_parameters, lab_layout, start_lab
-from workbench.server.launch import find_free_port
+from workbench.server.launch import ServerProcess, find_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +46,10 @@ def _lab_env(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     return generate_run(tmp_path_factory.mktemp("scheduled-run"), [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
-         "max_samples": 20}])
+         "max_samples": 20}], shared_sim)
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_the_scheduler_in_lab_renders_a_report_with_the_job_parameters(
             browser.close()
 
     job = _run_job(url, "notebooks/token_distribution.ipynb", {"sample_size": "123", "bins": "17"})
-    assert job["status"] == "COMPLETED", job
+    assert job["status"] == "COMPLETED", job.get("status_message")
     done = index.renderings(run / "reports", "token_distribution")
     assert len(done) == 1 and done[0].ok and done[0].run == str(run.resolve())
     params = yaml.safe_load((done[0].folder / "params.yaml").read_text())
@@ -157,7 +157,7 @@ def test_a_job_folder_lab_schedules_its_own_notebooks(run: Path, tmp_path: Path,
                        {"run_dir": "outputs/try", "sample_size": "50"})
     finally:
         lab.stop()
-    assert job["status"] == "COMPLETED", job
+    assert job["status"] == "COMPLETED", job.get("status_message")
     done = index.renderings(layout.reports, "token_distribution")
     assert len(done) == 1 and done[0].run == str((job_folder / "outputs" / "try").resolve())
     assert (layout.reports / "index.html").is_file()
@@ -194,7 +194,7 @@ def test_a_job_definition_on_a_schedule_renders_on_its_own(run: Path, explore_la
             wait_until(one_ended, 240, lambda: f"a job of the definition to end (seen: {jobs})", interval=1)
         finally:
             client.patch(f"/scheduler/job_definitions/{definition}", json={"active": False})
-    assert next(job["status"] for job in jobs if job["status"] in ("COMPLETED", "FAILED")) == "COMPLETED", jobs
+    assert next(job["status"] for job in jobs if job["status"] in ("COMPLETED", "FAILED")) == "COMPLETED", [job.get("status_message") for job in jobs]
     new = [r for r in index.renderings(run / "reports") if r.folder not in before]
     assert len(new) >= 1 and all(r.ok for r in new)
     params = yaml.safe_load((new[-1].folder / "params.yaml").read_text())

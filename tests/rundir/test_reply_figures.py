@@ -16,7 +16,6 @@ from conftest import BENCH, EXAMPLES, generate_run, text_prompts, workbench, wri
 
 from workbench import sketch
 from workbench.analyze.scan import scan_run
-from workbench.demo import start_simulator
 from workbench.profiles import get_profile
 from workbench.rundir.figures import (
     ENTRY,
@@ -30,6 +29,7 @@ from workbench.rundir.figures import (
     reply_overlaps,
 )
 from workbench.rundir.layout import RAW_FILE
+from workbench.server.launch import ServerProcess
 from workbench.sketch import Decontamination
 from workbench.tokenizer import load_tokenizer
 
@@ -141,14 +141,14 @@ def test_a_full_disk_stops_the_figures_not_the_run(tmp_path: Path, monkeypatch: 
 
 
 def test_generate_keeps_the_figures_and_validate_reads_the_same_with_or_without_them(
-    tmp_path: Path,
+    tmp_path: Path, shared_sim: ServerProcess,
 ) -> None:
     out = generate_run(tmp_path, [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
          "max_samples": 40, "chat_template_kwargs": {"thinking": True}},
         {"name": "plain", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
          "max_samples": 20, "chat_template_kwargs": {"thinking": False}},
-    ])
+    ], shared_sim)
     for name, think_end in (("chat", TE), ("plain", None)):
         store = load_figures(figures_path(out / name, think_end, 10))
         records = (out / name / RAW_FILE).read_text().splitlines()
@@ -172,12 +172,12 @@ def test_generate_keeps_the_figures_and_validate_reads_the_same_with_or_without_
 
 
 def test_validate_takes_the_kept_figures_instead_of_computing_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_sim: ServerProcess,
 ) -> None:
     out = generate_run(tmp_path, [
         {"name": "chat", "path": str(EXAMPLES / "data/glaive_fc.jsonl"), "input": "messages",
          "max_samples": 24, "chat_template_kwargs": {"thinking": True}},
-    ])
+    ], shared_sim)
     computed: list[int] = []
     original = sketch.split_repeat_share
 
@@ -203,16 +203,12 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
 
 
 def test_generate_keeps_the_overlaps_with_its_benchmarks_and_validate_takes_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_sim: ServerProcess,
 ) -> None:
     manifest = write_manifest(tmp_path, [{"name": "t", "path": str(text_prompts(tmp_path, 16)),
                                           "input": "text", "max_samples": 16}])
-    server = start_simulator(tmp_path / "sim.log", {"profile": "fast", "random_seed": 0})
-    try:
-        done = workbench("generate", "--datasets", str(manifest), "--server", server.url,
-                         "--out", str(tmp_path / "out"), "--decontaminate", str(BENCH))
-    finally:
-        server.stop()
+    done = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                     "--out", str(tmp_path / "out"), "--decontaminate", str(BENCH))
     assert done.returncode == 0, done.stderr
     out = tmp_path / "out"
     decontaminate = Decontamination.load([BENCH], tokenizer=load_tokenizer(EXAMPLES / "tokenizer"))

@@ -67,6 +67,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                  "max_new_tokens": 32, "prompts": {"count": 100, "input_len": [64, 128]},
                  "sample_interval": 0.25},
         "projection": {"remaining_tokens": 1000},
+        "fidelity": {"prompts": 0},  # no probe: the fit reads the points only (test_tune_fidelity)
     })
     run_sweep(params, folder / "out")
     yield folder / "out"
