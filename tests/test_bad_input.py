@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, workbench
+from conftest import EXAMPLES, SIM_FLAGS, workbench
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,16 +97,15 @@ def fake_servers() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
-    logs = tmp_path_factory.mktemp("sims")
-    flags = {"profile": "fast", "enable_metrics": True, "random_seed": 0}
-    started = {"open": start_simulator(logs / "open.log", flags)}
+def sims(tmp_path_factory: pytest.TempPathFactory,
+         shared_sim: ServerProcess) -> Iterator[dict[str, ServerProcess]]:
+    """The worker's simulator, and one that asks for an API key."""
+    keyed = start_simulator(tmp_path_factory.mktemp("sims") / "keyed.log",
+                            {**SIM_FLAGS, "api_key": "s3cret-key"})
     try:
-        started["keyed"] = start_simulator(logs / "keyed.log", {**flags, "api_key": "s3cret-key"})
-        yield started
+        yield {"open": shared_sim, "keyed": keyed}
     finally:
-        for server in started.values():
-            server.stop()
+        keyed.stop()
 
 
 @pytest.fixture(scope="module")

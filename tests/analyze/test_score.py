@@ -7,7 +7,6 @@ import json
 import math
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from workbench.analyze.score import (
     nll_and_entropy,
     score_run,
 )
-from workbench.demo import start_simulator
 from workbench.errors import DataError
 from workbench.rundir.lock import hold_run_lock, hold_score_lock
 from workbench.rundir.records import encode_line
@@ -45,12 +43,10 @@ def generated(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProces
     ], shared_sim)
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_simulator(tmp_path_factory.mktemp("score-sim") / "sim.log",
-                             {"profile": "fast", "random_seed": 0})
-    yield server
-    server.stop()
+@pytest.fixture
+def sim(shared_sim: ServerProcess) -> ServerProcess:
+    """The worker's simulator: scoring asks for the HTTP contract only."""
+    return shared_sim
 
 
 @pytest.fixture
