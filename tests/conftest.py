@@ -68,14 +68,14 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         server.stop()
 
 
-def workbench(*args: str, timeout: float = 300, env: Mapping[str, str] | None = None,
+def workbench(*args: str, env: Mapping[str, str] | None = None,
               cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
     """`workbench ARGS` run by the command's own `main` in this process, stdout and stderr
     captured: the same parser, verbs, messages and exit codes as `python -m workbench`, without
     a Python start-up and the whole stack's imports per call (most tests are about what a verb
     does, not about a process). `env` stands for the environment and `cwd` for the working
     folder while it runs; an error that escapes `main` is a traceback on stderr and exit 1, as
-    in a process. A run that hangs is ended by pytest-timeout (`timeout` is the process's).
+    in a process. A run that hangs is ended by pytest-timeout.
     What is about the process itself (signals, a closed pipe, the entry point, what a child
     inherits) goes through :func:`workbench_process`."""
     out, err = io.StringIO(), io.StringIO()

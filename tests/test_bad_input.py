@@ -476,7 +476,7 @@ CASES: list[Any] = [
 def test_bad_input_is_one_line_and_exit_2(env: Env, build: Build) -> None:
     args, needles = build(env)
     before = _snapshot(env.root)
-    done = workbench(*args, timeout=120, env=NO_KEY_ENV)
+    done = workbench(*args, env=NO_KEY_ENV)
     assert_one_line_error(done, *needles)
     assert _snapshot(env.root) == before, "a bad invocation changed or created files"
 

@@ -1,4 +1,5 @@
-"""Edges of the command as a process: secrets in --server, a closed stdout, SIGTERM.
+"""Edges of the command as a process: secrets in --server, a closed stdout, SIGTERM, and the
+in-process seam every other test runs the command through, held to what the process prints.
 
 Each runs `python -m workbench` for real: one `workbench: error:` line (or none) and never a
 traceback, whatever the pipe, the signal or the URL.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, wait_until, workbench, write_manifest
+from conftest import EXAMPLES, wait_until, workbench, workbench_process, write_manifest
 
 from workbench.rundir.records import PromptRecord, Record, encode_line
 from workbench.server.launch import find_free_port
@@ -59,7 +60,7 @@ def test_credentials_with_an_api_key_in_the_environment_are_one_line(tmp_path: P
     manifest = write_manifest(tmp_path, [
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids"}])
     server = f"http://user:{PASSWORD}@127.0.0.1:{find_free_port()}"
-    done = workbench("generate", "--datasets", str(manifest), "--server", server,
+    done = workbench_process("generate", "--datasets", str(manifest), "--server", server,
                      "--out", str(tmp_path / "out"), env={**NO_KEY_ENV, "SGLANG_API_KEY": "k-1"})
     line = one_error_line(done.stderr)
     assert done.returncode == 2 and "--server: " in line and "SGLANG_API_KEY" in line
@@ -75,7 +76,7 @@ def test_an_unreachable_server_is_named_without_its_secrets(tmp_path: Path, serv
     manifest = write_manifest(tmp_path, [
         {"name": "ids", "path": str(EXAMPLES / "data/pretokenized.jsonl"), "input": "input_ids"}])
     port = find_free_port()
-    done = workbench("generate", "--datasets", str(manifest), "--server", server.format(port=port),
+    done = workbench_process("generate", "--datasets", str(manifest), "--server", server.format(port=port),
                      "--out", str(tmp_path / "out"), env=NO_KEY_ENV)
     errors = [line for line in done.stderr.splitlines() if not line.startswith("workbench: note: ")]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -86,7 +87,7 @@ def test_an_unreachable_server_is_named_without_its_secrets(tmp_path: Path, serv
 def test_monitor_shows_no_secret_of_its_server_url(tmp_path: Path) -> None:
     run = plant_run(tmp_path / "run", datasets=1)
     server = f"http://user:{PASSWORD}@127.0.0.1:{find_free_port()}?token={SECRET}"
-    done = workbench("monitor", str(run), "--once", "--server", server, env=NO_KEY_ENV)
+    done = workbench_process("monitor", str(run), "--once", "--server", server, env=NO_KEY_ENV)
     assert "UNREACHABLE" in done.stdout and "Traceback" not in done.stderr, done.stderr
     assert SECRET not in done.stdout + done.stderr and PASSWORD not in done.stdout + done.stderr
 
@@ -96,9 +97,30 @@ def test_monitor_shows_no_secret_of_the_url_an_edited_run_json_holds(tmp_path: P
     manifest = json.loads((run / "run.json").read_text())
     manifest["server_url"] = f"http://user:{PASSWORD}@gpu:30000/?token={SECRET}"
     (run / "run.json").write_text(json.dumps(manifest))
-    done = workbench("monitor", str(run), "--once", env=NO_KEY_ENV)
+    done = workbench_process("monitor", str(run), "--once", env=NO_KEY_ENV)
     assert "the run used http://gpu:30000/)" in done.stdout, done.stdout + done.stderr
     assert SECRET not in done.stdout + done.stderr and PASSWORD not in done.stdout + done.stderr
+
+
+# --- the in-process seam the other tests use -------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["stats", "{run}"], ["stats", "{run}", "--json"], ["validate", "{run}", "--json"],
+    ["validate", "{missing}"], ["export", "{run}", "--to", "{missing}/x.csv"],
+    ["stats", "{run}", "--bogus"], ["--version"], ["report", "no_such_report"],
+], ids=["stats", "stats-json", "validate-json", "not-a-run", "bad-target", "bad-flag",
+        "version", "bad-report"])
+def test_in_process_runs_print_and_exit_as_the_process_does(
+        tmp_path: Path, argv: list[str]) -> None:
+    """conftest.workbench (the command's `main` in the test's process) gives the very stdout,
+    stderr and exit code of `python -m workbench`, errors included."""
+    run = plant_run(tmp_path / "run", datasets=2, records=3)
+    args = [a.format(run=run, missing=tmp_path / "missing") for a in argv]
+    inside, process = workbench(*args, env=NO_KEY_ENV), workbench_process(*args, env=NO_KEY_ENV)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (
+        process.returncode, process.stdout, process.stderr)
+    assert process.stdout or process.stderr
 
 
 # --- 3: a closed stdout ----------------------------------------------------------------------

@@ -279,7 +279,7 @@ def test_the_cli_says_a_bad_value_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "datasets.yaml"
     path.write_text(manifest_text(b="dedup: exakt"))
     done = workbench("generate", "--datasets", str(path), "--server", "http://127.0.0.1:9",
-                     "--out", str(tmp_path / "out"), timeout=120)
+                     "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{path}:12: datasets[1].dedup: invalid value 'exakt'" in lines[0]

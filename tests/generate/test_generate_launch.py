@@ -32,7 +32,7 @@ def run_launched(tmp_path: Path, server: Path, *extra: str) -> tuple[Any, Path]:
     out = tmp_path / "out"
     done = workbench("generate", "--datasets", str(manifest), "--launch", str(server),
                      "--out", str(out), "--concurrency", "8", "--progress-interval", "1",
-                     "--restart-backoff", "0.2", "--max-restarts", "8", *extra, timeout=150)
+                     "--restart-backoff", "0.2", "--max-restarts", "8", *extra)
     return done, out
 
 
