@@ -721,7 +721,7 @@ def check_generate(ctx: Context, checks: Checks, run: Path, names: Sequence[str]
 
 SERVER_LINE = re.compile(r"server (?P<url>\S+): (?P<running>[\d,.k]+|-) running, "
                          r"(?P<queued>[\d,.k]+|-) queued, token usage (?P<usage>[\d.]+%|-), "
-                         r"gen (?P<gen>[\d,.]+|-) tok/s, cache hit (?P<hit>[\d.]+%|-)")
+                         r"(?:server )?gen (?P<gen>[\d,.]+|-) tok/s, cache hit (?P<hit>[\d.]+%|-)")
 
 
 def monitor_probe(ctx: Context, run: Path, url: str) -> dict[str, Any]:
@@ -730,7 +730,8 @@ def monitor_probe(ctx: Context, run: Path, url: str) -> dict[str, Any]:
     result = run_workbench(ctx, ["monitor", str(run), "--server", url, "--once"],
                            "monitor-once.log", timeout=120)
     after = read_metrics(url)
-    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(f"server {url}")), "")
+    line = next((ln for ln in result.stdout.splitlines() if f"server {url}:" in ln), "")  # after
+    # "run ended ...; " once the run is over
     say(f"monitor server line: {line!r}")
     return {"exit": result.returncode, "line": line, "stdout": result.stdout,
             "stderr": result.stderr, "before": before, "after": after}
