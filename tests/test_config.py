@@ -224,7 +224,7 @@ BAD_VALUES = [
     ),
     (
         lambda d: d["datasets"][0].update(input="tokens"),
-        "datasets[0].input: invalid value 'tokens' (expected one of: input_ids, messages, text)",
+        "datasets[0].input: invalid value 'tokens' (expected one of: conversations, input_ids, messages, text)",
     ),
     (lambda d: d["datasets"][0].pop("path"), "datasets[0].path: missing required key"),
     (lambda d: d.pop("model_profile"), "model_profile: missing required key"),
@@ -240,13 +240,13 @@ BAD_VALUES = [
         lambda d: d.update(dataset=[]),
         "dataset: unknown key "
         "(known: concurrency, datasets, dedup, dedup_threshold, model_profile, order, sampling, "
-        "tokenizer, trust_remote_code)",
+        "tokenizer, trust_remote_code, turns)",
     ),
     (
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, context_fit, "
         "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, name, order, "
-        "path, sampling, tokenizer, trust_remote_code)",
+        "path, sampling, tokenizer, tools_field, trust_remote_code, turns)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),
     (lambda d: d.update(sampling=[1]), "sampling: expected mapping, got list"),
@@ -270,7 +270,7 @@ BAD_VALUES = [
     ),
     (
         lambda d: d["datasets"][0].update(chat_template_kwargs={"thinking": True}),
-        "datasets[0].chat_template_kwargs: only applies to input 'messages'",
+        "datasets[0].chat_template_kwargs: only applies to input 'messages' or 'conversations'",
     ),
     (
         lambda d: d.pop("tokenizer"),

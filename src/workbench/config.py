@@ -28,6 +28,7 @@ from workbench.errors import ConfigError
 from workbench.profiles import get_profile
 
 __all__ = [
+    "CHAT_INPUTS",
     "CONTEXT_FIT_MIN_TOKENS",
     "DATASET_NAME_PATTERN",
     "DEDUP_THRESHOLD",
@@ -39,6 +40,7 @@ __all__ = [
     "Manifest",
     "Sampling",
     "SamplingOverride",
+    "Turns",
     "key_lines",
     "load_manifest",
     "load_yaml_params",
@@ -49,7 +51,11 @@ T = TypeVar("T")
 
 DATASET_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-InputMode = Literal["input_ids", "text", "messages"]
+InputMode = Literal["input_ids", "text", "messages", "conversations"]
+CHAT_INPUTS = ("messages", "conversations")  # the input modes rendered with a chat template
+# Which assistant turns of a conversation are generated: the last one (after the row's
+# history), or each one in order against the model's own earlier turns (workbench.chat).
+Turns = Literal["last", "each"]
 Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
 # What a request refused because prompt + max_new_tokens exceed the context becomes: a failed
 # prompt, or sent again once with max_new_tokens cut to fit (workbench.generate.context_fit).
@@ -137,6 +143,8 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     context_fit: ContextFit = "fail"
     context_fit_min_tokens: Positive | None = None  # None: CONTEXT_FIT_MIN_TOKENS
     dedup: _DedupSetting | None = None  # None: the manifest's
+    turns: Turns | None = None  # None: the manifest's
+    tools_field: str = "tools"  # the row's tool schemas (chat inputs), passed as `tools`
 
     def dedup_mode(self) -> DedupMode:
         """The dataset's dedup mode ("off" for a spec that sets none)."""
@@ -172,6 +180,7 @@ class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
     concurrency: Concurrency | None = None
     dedup: _DedupSetting = "off"
     dedup_threshold: Threshold | None = None  # None: DEDUP_THRESHOLD
+    turns: Turns = "last"
 
 
 class Manifest(msgspec.Struct, kw_only=True):
@@ -551,16 +560,20 @@ def _resolve_dataset(
     key, source = f"datasets[{origin.index}]", origin.source
     if ds.sampling is not None:
         _check_sampling(ds.sampling, f"{key}.sampling", source)
-    if ds.chat_template_kwargs and ds.input != "messages":
-        raise ConfigError(f"{key}.chat_template_kwargs", "only applies to input 'messages'", source)
+    if ds.chat_template_kwargs and ds.input not in CHAT_INPUTS:
+        raise ConfigError(f"{key}.chat_template_kwargs",
+                          "only applies to input 'messages' or 'conversations'", source)
+    if ds.turns == "each" and ds.input not in CHAT_INPUTS:
+        raise ConfigError(f"{key}.turns", "each only applies to input 'messages' or "
+                          "'conversations'", source)
     if ds.context_fit_min_tokens is not None and ds.context_fit != "reduce_generation":
         raise ConfigError(f"{key}.context_fit_min_tokens",
                           "only applies with context_fit: reduce_generation", source)
     ds_tokenizer = _resolve_dir(ds.tokenizer, base, f"{key}.tokenizer", source) or top.tokenizer
-    if ds.input == "messages" and ds_tokenizer is None:
+    if ds.input in CHAT_INPUTS and ds_tokenizer is None:
         raise ConfigError(
             f"{key}.tokenizer",
-            "input 'messages' needs a tokenizer (set it here or at the top level)",
+            f"input {ds.input!r} needs a tokenizer (set it here or at the top level)",
             source,
         )
     data_path = _resolve(ds.path, base)
@@ -573,6 +586,7 @@ def _resolve_dataset(
         "trust_remote_code": ds.trust_remote_code or top.trust_remote_code,
         "order": ds.order or top.order,
         "dedup": _dedup_mode(ds.dedup, f"{key}.dedup", source) or top.dedup,
+        "turns": ds.turns or (top.turns if ds.input in CHAT_INPUTS else "last"),
     }
     return DatasetSpec(**{**msgspec.structs.asdict(ds), **resolved}, origin=origin)
 

@@ -103,6 +103,8 @@ class Line(_Completion, gc=False):
     e2e_latency: float | None = None
     ts: float | None = None
     max_new_tokens_reduced: Count | None = None
+    turn: Count | None = None
+    ended: str | None = None
     response: _Response | None = None
     meta_info: _MetaInfo | None = None
     # Decoded in full on the line-by-line path; on the block path an emptied array ([]),
@@ -152,6 +154,8 @@ def _flat_row(rec: Line, line: int) -> Row:
         e2e_latency=rec.e2e_latency,
         ts=rec.ts,
         max_new_tokens_reduced=rec.max_new_tokens_reduced,
+        turn=rec.turn,
+        ended=rec.ended,
     )
 
 

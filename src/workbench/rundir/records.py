@@ -86,6 +86,11 @@ class Record(msgspec.Struct):
     # The max_new_tokens the reply was generated with, kept only when it was cut below the
     # sampling's for the prompt to fit the model's context (a dataset's context_fit).
     max_new_tokens_reduced: int | msgspec.UnsetType = msgspec.UNSET
+    # A dataset regenerated turn by turn (`turns: each`): the generated assistant turn of the
+    # conversation `sample_id` (0-based; `(sample_id, turn)` unique), and on the turn after
+    # which the conversation could not go on, why (an END_REASONS name).
+    turn: int | msgspec.UnsetType = msgspec.UNSET
+    ended: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorRecord(msgspec.Struct):
@@ -97,14 +102,17 @@ class ErrorRecord(msgspec.Struct):
     http_status: int | None
     message: str
     ts: float
+    turn: int | msgspec.UnsetType = msgspec.UNSET  # the turn of a conversation (turns: each)
 
 
 class PromptRecord(msgspec.Struct, omit_defaults=True):
-    """One prompt as sent, one line of prompts.jsonl: token ids or text."""
+    """One prompt as sent, one line of prompts.jsonl: token ids or text (and the turn of a
+    conversation regenerated turn by turn)."""
 
     sample_id: SampleId
     input_ids: list[int] | None = None
     text: str | None = None
+    turn: int | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -134,6 +142,13 @@ class Row(msgspec.Struct):
     output_ids: list[int] | None = None  # read only when the reader asked for them
     has_output_ids: bool = False  # the line holds an output_ids array (read or not)
     max_new_tokens_reduced: int | None = None  # a flat record's, when its line has one
+    turn: int | None = None  # a flat record's turn of its conversation (turns: each)
+    ended: str | None = None  # why its conversation ended after this turn (turns: each)
+
+    @property
+    def key(self) -> tuple[SampleId | None, int | None]:
+        """What is unique in a dataset: (sample_id, turn), turn None outside conversations."""
+        return self.sample_id, self.turn
 
 
 _REQUIRED = ("sample_id", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason")
