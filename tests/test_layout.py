@@ -29,6 +29,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"__init__", "errors"},
     {"profiles", "resources", "text", "sketch"},
     {"config", "tokenizer"},
+    {"chat"},
     {"rundir", "sim"},
     {"server"},
     {"generate", "analyze"},

@@ -6,13 +6,40 @@ Keep every model-specific id here; rules, the simulator and exports look them up
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from workbench.errors import ConfigError
 
-__all__ = ["PROFILES", "ModelProfile", "get_profile", "reasoning_expected"]
+__all__ = [
+    "PROFILES",
+    "ModelProfile",
+    "ToolFormat",
+    "ToolMarkers",
+    "get_profile",
+    "reasoning_expected",
+]
+
+# How a model writes tool calls in its reply, by the name of SGLang's parser for it
+# (`--tool-call-parser`): Kimi-K2's marked section of calls, or Qwen's JSON in <tool_call> tags.
+ToolFormat = Literal["kimi_k2", "qwen25"]
+
+
+class ToolMarkers(msgspec.Struct, frozen=True):
+    """The special ids a reply's tool calls are written with, in one `format`.
+
+    kimi_k2: ``section_begin (call_begin ID argument_begin ARGUMENTS call_end)* section_end``,
+    the ID being ``functions.NAME:INDEX``; qwen25: ``call_begin JSON call_end`` per call, the
+    JSON holding ``name`` and ``arguments`` (no section, no argument marker).
+    """
+
+    format: ToolFormat
+    call_begin: int
+    call_end: int
+    section_begin: int | None = None
+    section_end: int | None = None
+    argument_begin: int | None = None
 
 
 class ModelProfile(msgspec.Struct, frozen=True):
@@ -25,6 +52,7 @@ class ModelProfile(msgspec.Struct, frozen=True):
     `special_start` is the first special (reserved, control) id of the model's vocabulary:
     the ids from it on are not text (None: the profile does not say); `reply_special_ids` the
     special ids an ordinary reply holds besides the think and end ids (tool-call markers).
+    `tool_markers` says how the model writes tool calls (None: the profile does not say).
     """
 
     name: str
@@ -38,10 +66,16 @@ class ModelProfile(msgspec.Struct, frozen=True):
     sim_content_ids: tuple[int, int] = (0, 1294)
     special_start: int | None = None
     reply_special_ids: tuple[int, ...] = ()
+    tool_markers: ToolMarkers | None = None
 
     @property
     def is_reasoning(self) -> bool:
         return self.think_end is not None
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """SGLang's tool-call parser name for the model, or None."""
+        return None if self.tool_markers is None else self.tool_markers.format
 
 
 PROFILES: dict[str, ModelProfile] = {
@@ -56,6 +90,14 @@ PROFILES: dict[str, ModelProfile] = {
         think_in_template=True,
         special_start=163584,
         reply_special_ids=(163595, 163596, 163597, 163598, 163599),  # <|tool_call...|> markers
+        tool_markers=ToolMarkers(
+            format="kimi_k2",
+            call_begin=163597,  # <|tool_call_begin|>
+            call_end=163599,  # <|tool_call_end|>
+            section_begin=163595,  # <|tool_calls_section_begin|>
+            section_end=163596,  # <|tool_calls_section_end|>
+            argument_begin=163598,  # <|tool_call_argument_begin|>
+        ),
     ),
     "qwen3": ModelProfile(
         name="qwen3",
@@ -68,6 +110,7 @@ PROFILES: dict[str, ModelProfile] = {
         think_in_template=False,
         special_start=151643,
         reply_special_ids=(151657, 151658),  # <tool_call>, </tool_call>
+        tool_markers=ToolMarkers(format="qwen25", call_begin=151657, call_end=151658),
     ),
     "plain": ModelProfile(
         name="plain",

@@ -1,9 +1,10 @@
 """The model's Hugging Face tokenizer: loaded once per local folder, and its chat template.
 
-Prompts of input ``messages`` are rendered with it (:mod:`workbench.generate.prompts`), the
-explorer and the reports decode replies with it, and the export renders conversations back
-with it. transformers is an optional dependency (the ``tokenizers`` extra): without it, a
-ConfigError names the extra to install.
+Prompts of the chat inputs (``messages``, ``conversations``) are rendered with it, tool
+schemas declared (:mod:`workbench.generate.prompts`); a conversation's replies are read back
+with it turn by turn (:mod:`workbench.chat`), the explorer and the reports decode replies with
+it, and the export renders conversations back with it. transformers is an optional
+dependency (the ``tokenizers`` extra): without it, a ConfigError names the extra to install.
 """
 
 from __future__ import annotations
@@ -17,23 +18,34 @@ from typing import Any
 
 from workbench.errors import ConfigError
 
-__all__ = ["INSTALL_HINT", "check_tokenizer_dir", "encode_messages", "load_tokenizer"]
+__all__ = ["INSTALL_HINT", "check_tokenizer_dir", "decode", "encode_messages", "load_tokenizer"]
 
 INSTALL_HINT = "pip install 'workbench[tokenizers]'"
 
 
 def encode_messages(
-    tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any]
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    kwargs: Mapping[str, Any],
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of `messages` through the tokenizer's chat template, generation prompt added.
 
-    transformers 5 returns a BatchEncoding (a mapping with `input_ids`), 4.x a list of ids.
+    `tools` (OpenAI function schemas) reach the template only when given, so a row without
+    tools renders exactly as the template renders it alone. transformers 5 returns a
+    BatchEncoding (a mapping with `input_ids`), 4.x a list of ids.
     """
+    extra = dict(kwargs) if tools is None else {**kwargs, "tools": tools}
     result = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, **kwargs
+        messages, add_generation_prompt=True, tokenize=True, **extra
     )
     ids = result["input_ids"] if isinstance(result, Mapping) else result
     return list(ids)
+
+
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    """The text of `ids`, special tokens (reasoning and tool-call markers, end ids) skipped."""
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import EXAMPLES, ROOT
 
-from workbench.config import DatasetSpec
+from workbench.chat import last_turn_messages, parse_conversations, parse_messages
+from workbench.config import CHAT_INPUTS, DatasetSpec
 from workbench.errors import ConfigError, DataError
 from workbench.generate.prompts import Prompt, estimate_text_tokens, load_prompts
 from workbench.profiles import get_profile
@@ -28,7 +29,7 @@ THINK, THINK_END, IM_END = 163606, 163607, 163586  # Kimi-K2.5 ids, as in the ex
 
 
 def spec(path: Path, input: Any = "input_ids", **fields: Any) -> DatasetSpec:
-    tokenizer = TOKENIZER if input == "messages" else None
+    tokenizer = TOKENIZER if input in CHAT_INPUTS else None
     return DatasetSpec(name="d", path=str(path), input=input, tokenizer=tokenizer, **fields)
 
 
@@ -147,6 +148,136 @@ def test_encode_messages_accepts_both_transformers_return_shapes() -> None:
     ) == [3]
 
 
+def test_encode_messages_passes_tools_only_when_given() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Fake:
+        def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return [1]
+
+    messages = [{"role": "user", "content": "x"}]
+    encode_messages(Fake(), messages, {"thinking": True})
+    encode_messages(Fake(), messages, {"thinking": True}, tools=[WEATHER_TOOL])
+    assert seen == [
+        {"add_generation_prompt": True, "tokenize": True, "thinking": True},
+        {"add_generation_prompt": True, "tokenize": True, "thinking": True,
+         "tools": [WEATHER_TOOL]},
+    ]
+
+
+# ------------------------------------------------------------------------------ conversations
+
+WEATHER = {"name": "get_weather", "description": "the weather", "parameters": {"type": "object"}}
+WEATHER_TOOL = {"type": "function", "function": WEATHER}
+TOOL_MESSAGES = [
+    {"role": "user", "content": "what is the weather in paris"},
+    {"role": "assistant", "content": "let me check", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "it is sunny"},
+]
+TOOL_CONVERSATIONS = [
+    {"from": "human", "value": "what is the weather in paris"},
+    {"from": "gpt", "value": "let me check"},
+    {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "paris"}}'},
+    {"from": "observation", "value": "sunny"},
+    {"from": "gpt", "value": "it is sunny"},
+]
+
+
+def decoded(ids: list[int] | None) -> str:
+    assert ids is not None
+    return str(load_tokenizer(TOKENIZER).decode(ids))
+
+
+def test_a_tool_row_renders_its_tools_without_the_last_answer(tmp_path: Path) -> None:
+    row = {"sample_id": 0, "messages": TOOL_MESSAGES, "tools": json.dumps([WEATHER])}
+    path = write_jsonl(tmp_path / "p.jsonl", [row])
+    (prompt,) = load_prompts(spec(path, "messages", chat_template_kwargs={"thinking": True}), KIMI)
+    chat = parse_messages(TOOL_MESSAGES, [WEATHER])
+    expected = encode_messages(load_tokenizer(TOKENIZER), last_turn_messages(chat),
+                               {"thinking": True}, tools=[WEATHER_TOOL])
+    assert prompt == Prompt(0, expected, None, len(expected))
+    text = decoded(prompt.input_ids)
+    assert text.startswith("<|im_system|> tool_declare <|im_middle|>")
+    assert "<|tool_call_begin|> functions . get_weather : 0 <|tool_call_argument_begin|>" in text
+    assert "return of functions . get_weather : 0" in text
+    assert "it is sunny" not in text and text.endswith("<|im_middle|> <think>")
+
+
+def test_conversations_render_like_the_same_messages(tmp_path: Path) -> None:
+    rows = [{"sample_id": 0, "conversations": TOOL_CONVERSATIONS, "functions": [WEATHER]},
+            {"sample_id": 1, "messages": TOOL_MESSAGES, "functions": [WEATHER_TOOL]}]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    (shared,) = load_prompts(spec(path, "conversations", tools_field="functions"), KIMI, limit=1)
+    path = write_jsonl(tmp_path / "q.jsonl", rows[1:])
+    (openai,) = load_prompts(spec(path, "messages", tools_field="functions"), KIMI)
+    assert shared.input_ids == openai.input_ids
+    assert "tool_declare" in decoded(shared.input_ids)
+
+
+def test_turns_each_sends_turn_zero_and_keeps_the_conversation(tmp_path: Path) -> None:
+    rows = [{"sample_id": "a", "conversations": TOOL_CONVERSATIONS, "tools": [WEATHER]}]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    (prompt,) = load_prompts(spec(path, "conversations", turns="each"), KIMI)
+    chat = parse_conversations(TOOL_CONVERSATIONS, [WEATHER])
+    expected = encode_messages(load_tokenizer(TOKENIZER), chat.messages[:1], {},
+                               tools=[WEATHER_TOOL])
+    assert prompt == Prompt("a", expected, None, len(expected), chat=chat, turn=0)
+    path = write_jsonl(tmp_path / "q.jsonl", [
+        {"sample_id": 0, "messages": [{"role": "user", "content": "x"}]},
+        {"sample_id": 1, "messages": [{"role": "system", "content": "be brief"}]}])
+    assert data_error(spec(path, "messages", turns="each")) == (
+        f"{path}:2: messages: no turn to generate (turns: each needs an assistant message, or a "
+        "user or tool message last)")
+
+
+BAD_CHAT_ROWS = [
+    ("messages", {"messages": [TOOL_MESSAGES[0], TOOL_MESSAGES[1], {
+        "role": "assistant", "tool_calls": [{"function": {"name": None, "arguments": "{}"}}]}]},
+     "messages[2].tool_calls[0].function.name: expected a string, got null"),
+    ("messages", {"messages": TOOL_MESSAGES, "tools": [WEATHER, {"type": "function"}]},
+     "tools[1].name: expected a string, got null"),
+    ("messages", {"messages": TOOL_MESSAGES, "tools": "[{"},
+     "tools: not a JSON list: Expecting property name enclosed in double quotes: line 1 "
+     "column 3 (char 2)"),
+    ("conversations", {"conversations": [{"from": "function_call", "value": "{}"}]},
+     "conversations[0].value.name: expected a string, got null"),
+]
+
+
+@pytest.mark.parametrize(("mode", "row", "message"), BAD_CHAT_ROWS,
+                         ids=[m for _, _, m in BAD_CHAT_ROWS])
+def test_a_bad_conversation_names_the_line_and_the_key_path(
+    tmp_path: Path, mode: str, row: dict[str, Any], message: str
+) -> None:
+    good = TOOL_MESSAGES if mode == "messages" else TOOL_CONVERSATIONS
+    path = write_jsonl(tmp_path / "glaive.jsonl",
+                       [{"sample_id": 0, mode: good}, {"sample_id": 1, **row}])
+    assert data_error(spec(path, mode)) == f"{path}:2: {message}"
+
+
+def test_conversations_need_a_tokenizer(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [{"sample_id": 0, "conversations": []}])
+    with pytest.raises(ConfigError) as info:
+        load_prompts(DatasetSpec(name="d", path=str(path), input="conversations"), KIMI)
+    assert str(info.value) == "tokenizer: dataset 'd' has input 'conversations' but no tokenizer"
+
+
+def test_parquet_conversations_with_tool_calls_and_a_tools_column(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "p.parquet", {
+        "sample_id": [0, 1],
+        "messages": [TOOL_MESSAGES[:1], [*TOOL_MESSAGES[:2],
+                                         {"role": "tool", "content": "sunny"}]],
+        "tools": [None, json.dumps([WEATHER])],
+    })
+    first, second = load_prompts(spec(path, "messages"), KIMI)
+    assert "tool_declare" not in decoded(first.input_ids)
+    text = decoded(second.input_ids)
+    assert "tool_declare" in text and "return of functions . get_weather : 0" in text
+
+
 # ----------------------------------------------------------------------------------- Parquet
 
 
@@ -262,23 +393,20 @@ BAD_INPUTS = [
     ("text", "", "text must be a non-empty string, got an empty string"),
     ("text", 5, "text must be a non-empty string, got an int"),
     ("text", {"a": 1}, "text must be a non-empty string, got an object"),
-    ("messages", [], "messages must be a non-empty list, got an empty list"),
-    ("messages", "hello", "messages must be a non-empty list, got a string"),
+    ("messages", [], "messages: expected a non-empty list, got an empty list"),
+    ("messages", "hello", "messages: expected a list, got a string"),
     (
         "messages",
         [{"role": "user"}],
-        "messages[0] must be an object with string 'role' and 'content'",
+        "messages[0].content: expected a string or a list of text parts, got null",
     ),
-    (
-        "messages",
-        [{"role": "user", "content": "x"}, "y"],
-        "messages[1] must be an object with string 'role' and 'content'",
-    ),
-    (
-        "messages",
-        [{"role": "user", "content": ["x"]}],
-        "messages[0] must be an object with string 'role' and 'content'",
-    ),
+    ("messages", [{"role": "user", "content": "x"}, "y"],
+     "messages[1]: expected an object, got a string"),
+    ("messages", [{"role": "user", "content": ["x"]}],
+     "messages[0].content[0]: expected an object, got a string"),
+    ("conversations", [{"from": "bot", "value": "x"}],
+     "conversations[0].from: unknown role 'bot' (known: system, human, user, gpt, assistant, "
+     "chatgpt, model, function_call, observation, tool, function_response)"),
 ]
 
 
@@ -398,7 +526,7 @@ def test_make_examples_reproduces_the_committed_files(tmp_path: Path) -> None:
     module_spec.loader.exec_module(module)
     sim_dir = tmp_path / "sim"
     written = module.make_examples(tmp_path, sim_dir)
-    assert len(written) == 7
+    assert len(written) == 8
     for path in written:
         if path.parent == sim_dir:
             committed = ROOT / "src" / "workbench" / "sim" / path.name

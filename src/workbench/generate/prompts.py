@@ -1,19 +1,26 @@
-"""Prompt loading: JSONL or Parquet datasets in three input modes.
+"""Prompt loading: JSONL or Parquet datasets in four input modes.
 
 Each row holds an id (`DatasetSpec.id_field`, int or str, unique) and one input field named
 after the dataset's input mode:
 
-    input_ids   a non-empty list of token ids in [0, vocab_size) of the model profile
-    text        a non-empty string, sent as is (the server tokenizes it)
-    messages    a non-empty list of {role, content} objects; the tokenizer's chat template is
-                applied here, with add_generation_prompt=True and the dataset's
-                chat_template_kwargs (e.g. {thinking: true}), and the ids are sent
+    input_ids      a non-empty list of token ids in [0, vocab_size) of the model profile
+    text           a non-empty string, sent as is (the server tokenizes it)
+    messages       a conversation in the OpenAI chat layout (tool calls and tool results too)
+    conversations  a conversation in the ShareGPT layout ({from, value} items)
+
+A conversation (:mod:`workbench.chat.rows`) is rendered here by the tokenizer's chat template,
+with add_generation_prompt=True, the dataset's chat_template_kwargs (e.g. {thinking: true})
+and the row's tool schemas (its `DatasetSpec.tools_field`, when present), and the ids are
+sent. With ``turns: last`` the prompt is the row without its trailing assistant answers; with
+``turns: each`` it is the conversation's first turn (`Prompt.turn` 0), and the row is kept
+(`Prompt.chat`) for the runner to build the later turns from the model's own replies.
 
 A bad row raises a DataError naming the file and the line (JSONL) or the row (Parquet, 1-based).
 Where the manifest chose what a row must hold (the id field, the input field), the message
-also names that key and its line:
+also names that key and its line; a conversation that cannot be read names its key path:
 
     code_instruct.jsonl:1: missing 'id' (datasets[2].id_field: id, params/datasets.yaml:12)
+    glaive.jsonl:7: messages[2].tool_calls[0].function.name: expected a string, got null
 
 Ids must stay distinct as text (the export writes ``<dataset>/<id>``): ``1`` and ``"1"`` in
 one file are refused like a repeated id.
@@ -27,7 +34,15 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from workbench.config import DatasetSpec
+from workbench.chat import (
+    ChatRow,
+    RowError,
+    last_turn_messages,
+    next_turn,
+    parse_conversations,
+    parse_messages,
+)
+from workbench.config import CHAT_INPUTS, DatasetSpec
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile
 from workbench.tokenizer import encode_messages, load_tokenizer
@@ -42,13 +57,17 @@ class Prompt(msgspec.Struct):
     """One prepared prompt: token ids, or text for the `text` input mode.
 
     `prompt_tokens` is len(input_ids), or for text an estimate (`estimate_text_tokens`); the
-    runner uses it only to send long prompts under the long-prompt concurrency limit.
+    runner uses it only to send long prompts under the long-prompt concurrency limit. For a
+    dataset with ``turns: each``, `chat` is the row's conversation and `turn` the turn the
+    prompt asks for (0 here); both are None otherwise.
     """
 
     sample_id: int | str
     input_ids: list[int] | None
     text: str | None
     prompt_tokens: int
+    chat: ChatRow | None = None
+    turn: int | None = None
 
 
 class _Row(msgspec.Struct):
@@ -136,10 +155,12 @@ class _PromptMaker:
         self.mode = spec.input
         self.profile = profile
         self.template_kwargs = spec.chat_template_kwargs
+        self.each_turn = spec.turns == "each"  # None (a spec no manifest wrote): last
+        self.tools_field = spec.tools_field
         self.tokenizer: Any = None
-        if spec.input == "messages":
+        if spec.input in CHAT_INPUTS:
             if spec.tokenizer is None:
-                message = f"dataset {spec.name!r} has input 'messages' but no tokenizer"
+                message = f"dataset {spec.name!r} has input {spec.input!r} but no tokenizer"
                 raise ConfigError("tokenizer", message)
             self.tokenizer = load_tokenizer(
                 spec.tokenizer, trust_remote_code=spec.trust_remote_code
@@ -150,17 +171,40 @@ class _PromptMaker:
             if not isinstance(value, str) or not value:
                 raise row.error(f"text must be a non-empty string, got {_kind(value)}")
             return Prompt(sample_id, None, value, estimate_text_tokens(value))
-        if self.mode == "messages":
-            value = self._encode(value, row)
+        if self.mode in CHAT_INPUTS:
+            return self._chat_prompt(sample_id, self._chat_row(value, row), row)
         _check_ids(value, row, self.profile, self.mode)
         return Prompt(sample_id, value, None, len(value))
 
-    def _encode(self, messages: Any, row: _Row) -> list[int]:
-        _check_messages(messages, row)
+    def _chat_row(self, value: Any, row: _Row) -> ChatRow:
+        """The row's conversation and tools; a DataError naming the key path when bad."""
+        parse = parse_messages if self.mode == "messages" else parse_conversations
+        try:
+            return parse(value, row.data.get(self.tools_field), self.mode, self.tools_field)
+        except RowError as exc:
+            raise row.error(str(exc)) from None
+
+    def _chat_prompt(self, sample_id: int | str, chat: ChatRow, row: _Row) -> Prompt:
+        """The prompt of turns: last (the row's history), or turn 0 of turns: each."""
+        if not self.each_turn:
+            ids = self._encode(last_turn_messages(chat), chat.tools, row)
+            _check_ids(ids, row, self.profile, self.mode)
+            return Prompt(sample_id, ids, None, len(ids))
+        history = next_turn(chat, [])
+        if not isinstance(history, list):
+            raise row.error(f"{self.mode}: no turn to generate (turns: each needs an assistant "
+                            "message, or a user or tool message last)")
+        ids = self._encode(history, chat.tools, row)
+        _check_ids(ids, row, self.profile, self.mode)
+        return Prompt(sample_id, ids, None, len(ids), chat=chat, turn=0)
+
+    def _encode(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, row: _Row
+    ) -> list[int]:
         from jinja2 import TemplateError
 
         try:
-            return encode_messages(self.tokenizer, messages, self.template_kwargs)
+            return encode_messages(self.tokenizer, messages, self.template_kwargs, tools=tools)
         except (TemplateError, ValueError, TypeError) as exc:
             raise row.error(f"the chat template failed: {exc}") from None
 
@@ -185,18 +229,6 @@ def _check_ids(value: Any, row: _Row, profile: ModelProfile, mode: str) -> None:
                 f"{what}[{i}]: token id {token} is outside [0, {profile.vocab_size}) "
                 f"of model profile {profile.name!r}"
             )
-
-
-def _check_messages(value: Any, row: _Row) -> None:
-    if not isinstance(value, list) or not value:
-        raise row.error(f"messages must be a non-empty list, got {_kind(value)}")
-    for i, message in enumerate(value):
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
-            raise row.error(f"messages[{i}] must be an object with string 'role' and 'content'")
 
 
 def _kind(value: Any) -> str:
@@ -249,7 +281,8 @@ def _open(path: str) -> BinaryIO:
 
 
 def _parquet_rows(spec: DatasetSpec) -> Iterator[_Row]:
-    """Rows of the dataset's Parquet file (the id and input columns only), numbered from 1."""
+    """Rows of the dataset's Parquet file (the id and input columns only, and the tools
+    column of a chat input when the file has one), numbered from 1."""
     import pyarrow.parquet as pq
 
     path = spec.path
@@ -263,6 +296,8 @@ def _parquet_rows(spec: DatasetSpec) -> Iterator[_Row]:
         if name not in names:
             raise DataError(path, f"missing column {name!r} (columns: {', '.join(names)})"
                                   f"{_setting(spec, key)}")
+    if spec.input in CHAT_INPUTS and spec.tools_field in names:
+        columns.setdefault(spec.tools_field, "tools_field")
     number = 0
     for batch in parquet.iter_batches(batch_size=1024, columns=list(columns)):
         for data in batch.to_pylist():
