@@ -13,6 +13,8 @@ no download; a rerun writes the same bytes):
     data/code_instruct.jsonl         code instructions, a few with long code listings
     data/pretokenized.jsonl          {sample_id, input_ids} rendered with the chat template
     data/texts.jsonl                 {sample_id, text} for the `text` input mode
+    data/tool_turns.jsonl            function-calling conversations (OpenAI layout: tools,
+                                     messages with tool_calls and tool results), turn by turn
     src/workbench/sim/corpus.json    the simulator's replies: the vocabulary and the text's ids
 
 The vocabulary is real words only: the punctuation pre-tokens, then the words of the text,
@@ -41,6 +43,8 @@ TEXT = ROOT / "examples" / "text" / "alice_chapter_1.txt"
 TEXT_SOURCE = "Lewis Carroll, Alice's Adventures in Wonderland (1865), chapter I; public domain"
 SIM_DIR = ROOT / "src" / "workbench" / "sim"
 SEED = 20250101
+TOOL_TURNS_SEED = 20250102
+TOOL_TURNS_ROWS = 120
 PRE_TOKEN = re.compile(r"\w+|[^\w\s]+")  # the Whitespace pre-tokeniser's split
 UNK = "[UNK]"
 Messages = list[dict[str, str]]
@@ -475,6 +479,143 @@ def glaive_messages(w: Words) -> Messages:
     return [{"role": "system", "content": system}, {"role": "user", "content": ask}]
 
 
+# ------------------------------------------------------------------- function-calling turns
+
+# A value per parameter: a slot of SLOTS, "=word" for that word, "sentence", "email",
+# "bool", "height" or "foods" (a list); a parameter not listed takes a noun.
+ARGUMENT_SLOTS = {
+    "location": "city", "unit": "=celsius", "amount": "number", "from_currency": "currency",
+    "to_currency": "currency", "origin": "city", "destination": "city", "date": "day",
+    "principal": "number", "interest_rate": "small", "term_months": "number",
+    "symbol": "stock", "recipient": "email", "subject": "noun", "body": "sentence",
+    "title": "noun", "duration_minutes": "minutes", "ingredients": "foods",
+    "diet": "=vegetarian", "text": "sentence", "source_language": "language",
+    "target_language": "language", "topic": "topic", "country": "city",
+    "weight_kg": "kg", "height_m": "height", "cuisine": "cuisine", "max_price": "number",
+    "length": "chars", "include_symbols": "bool", "year": "year",
+    "tracking_number": "number", "bill_amount": "number", "tip_percentage": "percent",
+}  # fmt: skip
+
+# What each tool returns: result field -> value slot (as ARGUMENT_SLOTS).
+RESULT_SLOTS: dict[str, dict[str, str]] = {
+    "get_weather": {"temperature": "small", "unit": "=celsius", "rain": "bool"},
+    "convert_currency": {"amount": "number", "currency": "currency"},
+    "search_flights": {"flights": "small", "price": "number", "currency": "currency"},
+    "calculate_loan_payment": {"payment": "number", "total": "number"},
+    "get_stock_price": {"symbol": "stock", "price": "number", "currency": "=usd"},
+    "send_email": {"status": "=true"},
+    "create_calendar_event": {"status": "=created", "title": "noun", "date": "day"},
+    "search_recipes": {"recipes": "foods", "minutes": "minutes"},
+    "translate_text": {"text": "sentence", "language": "language"},
+    "get_news_headlines": {"headlines": "sentences", "topic": "topic"},
+    "calculate_bmi": {"bmi": "percent"},
+    "find_restaurants": {"name": "noun", "cuisine": "cuisine", "price": "small"},
+    "generate_password": {"password": "word", "length": "chars"},
+    "get_movie_details": {"title": "noun", "year": "year"},
+    "track_package": {"status": "adjective", "location": "city"},
+    "calculate_tip": {"tip": "small", "total": "number"},
+}  # fmt: skip
+
+DIRECT_ASKS = ["Explain why {determiner} {noun} {verb} {determiner} {noun}.",
+               "Thank you. Can you tell me more about the {adjective} {noun}?",
+               "What is the {adjective} {noun} of {determiner} {noun}?"]  # fmt: skip
+
+
+def slot_value(w: Words, slot: str) -> Any:
+    """A JSON value for a slot of ARGUMENT_SLOTS / RESULT_SLOTS."""
+    if slot.startswith("="):
+        word = slot[1:]
+        return {"true": True, "false": False}.get(word, word)
+    if slot == "bool":
+        return w.rng.random() < 0.5
+    if slot == "email":
+        return f"{w.pick('person')}@example.com"
+    if slot == "height":
+        return float(f"1.{w.pick('cm')}")
+    if slot in ("sentence", "sentences"):
+        sentences = [w.sentence().rstrip(".") for _ in range(1 if slot == "sentence" else 2)]
+        return sentences[0] if slot == "sentence" else sentences
+    if slot in ("foods", "word"):
+        return [w.pick("food"), w.pick("food")] if slot == "foods" else w.pick("noun")
+    value = w.pick(slot)
+    return int(value) if value.isdigit() else value
+
+
+def spaced_json(value: Any) -> str:
+    """JSON text with a space inside each bracket (`{ "a": [ 1 ] }`), so that the example
+    tokenizer splits every punctuation run into known pre-tokens."""
+    if isinstance(value, dict):
+        return f"{{ {joined([f'{json.dumps(k)}: {spaced_json(v)}' for k, v in value.items()])} }}"
+    if isinstance(value, list):
+        return f"[ {joined([spaced_json(v) for v in value])} ]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def joined(items: list[str]) -> str:
+    """Items comma-separated; a comma after a bracket gets a space before it (`] ,`)."""
+    return "".join(
+        item + ("" if at == len(items) - 1 else " , " if item[-1] in "]}" else ", ")
+        for at, item in enumerate(items)
+    )
+
+
+def call_arguments(w: Words, chosen: Tool) -> dict[str, Any]:
+    """The required parameters and, for half of the calls, the optional ones (a string
+    parameter's number as a string)."""
+    parameters = chosen.schema["parameters"]
+    optional = w.rng.random() < 0.5
+    arguments = {}
+    for name, spec in parameters["properties"].items():
+        if name in parameters["required"] or optional:
+            value = slot_value(w, ARGUMENT_SLOTS.get(name, "noun"))
+            arguments[name] = str(value) if spec["type"] == "string" else value
+    return arguments
+
+
+def tool_turn(w: Words, tools: list[Tool], first_call: int) -> Messages:
+    """A user turn naming one tool's subject (two for a share), the assistant's calls, the
+    tool results and the assistant's answer."""
+    chosen = [w.rng.choice(tools)]
+    if w.rng.random() < 0.15:
+        chosen.append(w.rng.choice(tools))
+    asks = [w.fill(one.ask) for one in chosen]
+    ask = " Also, ".join([asks[0], *(a[0].lower() + a[1:] for a in asks[1:])])
+    calls, results = [], []
+    for number, one in enumerate(chosen, first_call):
+        name = one.schema["name"]
+        arguments = spaced_json(call_arguments(w, one))
+        calls.append({"id": f"call_{number}", "type": "function",
+                      "function": {"name": name, "arguments": arguments}})
+        result = {key: slot_value(w, slot) for key, slot in RESULT_SLOTS[name].items()}
+        results.append({"role": "tool", "tool_call_id": f"call_{number}", "name": name,
+                        "content": spaced_json(result)})
+    answer = f"Here is what I found. {w.sentence()}"
+    return [{"role": "user", "content": ask},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            *results, {"role": "assistant", "content": answer}]  # fmt: skip
+
+
+def direct_turn(w: Words) -> Messages:
+    """A user turn the assistant answers without a tool."""
+    ask = w.fill(w.rng.choice(DIRECT_ASKS))
+    return [{"role": "user", "content": ask[0].upper() + ask[1:]},
+            {"role": "assistant", "content": w.paragraph(w.rng.randint(1, 3))}]
+
+
+def tool_turns_row(w: Words, sample_id: int) -> dict[str, Any]:
+    """A conversation of 1-3 user turns over 1-3 declared tools (OpenAI layout)."""
+    tools = [TOOLS[i] for i in w.rng.sample(range(len(TOOLS)), w.rng.randint(1, 3))]
+    messages: Messages = [{"role": "system", "content": "You are a helpful assistant. "
+                           "Use the functions when they help."}]
+    calls = 0
+    for _ in range(w.rng.randint(1, 3)):
+        turn = tool_turn(w, tools, calls + 1) if w.rng.random() < 0.8 else direct_turn(w)
+        calls += sum(len(m.get("tool_calls", ())) for m in turn)
+        messages += turn
+    schemas = [{"type": "function", "function": t.schema} for t in tools]
+    return {"sample_id": f"tools-{sample_id:04d}", "tools": schemas, "messages": messages}
+
+
 # ------------------------------------------------------------------------------------ code
 
 CODE_FUNCTIONS = {
@@ -583,7 +724,9 @@ def build_rows(w: Words) -> dict[str, list[dict[str, Any]]]:
 
 def row_texts(rows: Iterable[dict[str, Any]]) -> Iterable[str]:
     for row in rows:
-        yield from (m["content"] for m in row.get("messages", ()))
+        for message in row.get("messages", ()):
+            yield message["content"]
+            yield from (call["function"]["arguments"] for call in message.get("tool_calls", ()))
         if "text" in row:
             yield row["text"]
 
@@ -625,6 +768,8 @@ def make_examples(out: Path, sim_dir: Path = SIM_DIR) -> list[Path]:
         write(sim_dir / "corpus.json", json.dumps(sim_corpus(text, vocab)).encode() + b"\n"),
     ]
     data = build_rows(Words(random.Random(SEED)))
+    turns = Words(random.Random(TOOL_TURNS_SEED))  # its own draws: the other files stay as they were
+    data["tool_turns.jsonl"] = [tool_turns_row(turns, i) for i in range(TOOL_TURNS_ROWS)]
     missing = unknown_words((t for rows in data.values() for t in row_texts(rows)), vocab)
     if missing:
         raise SystemExit(f"words missing from the vocabulary: {sorted(missing)}")

@@ -15,7 +15,8 @@ sampling parameters to it as SGLang's scheduler would (`srt/managers/schedule_ba
 
 Reply text follows `srt/managers/detokenizer_manager.py` (`trim_matched_stop`): a matched stop
 id is left out of the text and a matched stop string cut off, unless `no_stop_trim`; special
-ids are left out with `skip_special_tokens` (the default).
+ids (tool-call markers too, where the model's are special tokens) are left out with
+`skip_special_tokens` (the default).
 
 Logprobs of input tokens (`logprob_start_len`, as a request that scores a reply without
 generating sends) come from a bigram model of the simulator's own text (`corpus.json`): the
@@ -38,6 +39,7 @@ from typing import Any, Literal, NamedTuple
 
 from workbench.profiles import ModelProfile
 from workbench.sim.drift import perturbed
+from workbench.sim.markers import call_format
 from workbench.sim.outputs import PlannedOutput, corpus, render_text
 from workbench.sim.sampling import Sampling
 
@@ -109,6 +111,9 @@ def _stop_ids(model: ModelProfile) -> frozenset[int]:
 def _special_ids(model: ModelProfile) -> frozenset[int]:
     ids = set(_stop_ids(model))
     ids.update(token for token in (model.think_start, model.think_end) if token is not None)
+    calls = call_format(model)
+    if calls is not None and calls.special:
+        ids.update(calls.names)
     return frozenset(ids)
 
 

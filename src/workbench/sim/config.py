@@ -3,6 +3,7 @@
 Flags left unset that SGLang derives (mem_fraction_static, tp_size, max_running_requests,
 chunked_prefill_size) take the simulator profile's values when the server starts.
 `--profile` is a profile's name or a profile file (.yaml/.yml, see `load_sim_profile`).
+`--tool-call-rate` overrides the profile's `tool_call_rate` (`workbench.sim.tools`).
 The timed fault flags (`--fault-stall-after`, `--fault-decay-after`, `--fault-exit-after`)
 count server seconds from the server's creation: wall-clock seconds times `--speed`.
 """
@@ -57,6 +58,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     model_profile: str = "kimi-k2.5"
     speed: float = 1.0
     fixed_latency: float | None = None
+    tool_call_rate: float | None = None
     fault_error_rate: float = 0.0
     fault_drop_rate: float = 0.0
     fault_hang_rate: float = 0.0
@@ -94,6 +96,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mem_fraction_static", lambda value: value is None or 0 < value < 1, "must be in (0, 1)"),
     ("speed", lambda value: value is not None and _positive(value), "must be positive"),
     ("fixed_latency", _non_negative, "must be >= 0"),
+    ("tool_call_rate", lambda value: value is None or 0.0 <= value <= 1.0, "must be in [0, 1]"),
     ("hicache_size", _non_negative, "must be >= 0"),
     ("hicache_ratio", _positive, "must be positive"),
     ("tp_size", _positive, "must be at least 1"),
@@ -344,6 +347,14 @@ def _add_simulator_arguments(group: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="SECONDS",
         help="bypass the engine: every /generate replies after exactly this latency",
+    )
+    add(
+        "--tool-call-rate",
+        type=_rate,
+        default=None,
+        metavar="RATE",
+        help="share of the replies to a prompt that declares tools, the user's turn last, "
+        "that call a tool instead of answering (default: the profile's, 0.7)",
     )
 
 

@@ -3,7 +3,7 @@ corrupted host-tier prefix (the formulas: `workbench.sim.profiles`, "Output fide
 
 :func:`flip_at` says at which output position a reply flips, if at all; :func:`diverge`
 rewrites a reply's ids from there (content ids only: the reply keeps its shape, its
-think-end and end ids where they were, so it stops where it stopped); :func:`perturbed` moves the chosen tokens' logprobs
+think-end and end ids where they were, so it stops where it stopped, and a tool call whole); :func:`perturbed` moves the chosen tokens' logprobs
 the way fp8 KV does before any flip.
 """
 
@@ -57,16 +57,18 @@ def flip_at(fidelity: Fidelity, settings: DriftSettings, seed: int, *, batch: in
 def diverge(output_ids: list[int], at: int, model: ModelProfile, seed: int) -> list[int]:
     """The ids with every content id from position `at` on taken from another run of the
     text (a seeded sentence start), each differing from the id it replaces; special ids
-    stay."""
+    stay, and so does a tool call from its first marker on (it still parses)."""
     ids = list(output_ids)
-    if at >= len(ids):
+    markers = set(model.reply_special_ids)
+    end = next((position for position, token in enumerate(ids) if token in markers), len(ids))
+    if at >= end:
         return ids
     specials = set(model.end_ids) | {model.think_start, model.think_end}
     text = corpus()
     rng = random.Random(int.from_bytes(hashlib.blake2b(_key(seed, "diverge", at),
                                                       digest_size=8).digest(), "little"))
     start = text.starts[rng.randrange(len(text.starts))]
-    for offset, position in enumerate(range(at, len(ids))):
+    for offset, position in enumerate(range(at, end)):
         if ids[position] in specials:
             continue
         other = text.ids[(start + offset) % len(text.ids)]

@@ -6,6 +6,8 @@ chat template does not open the reasoning block (`think_in_template=False`) star
 think-start id, and non-reasoning profiles produce only an answer and the end id. Lengths come
 from the simulator profile's `OutputShape`. A seeded fraction (`unclosed_rate`) reasons until
 `max_new_tokens`. Anything cut at `max_new_tokens` finishes with "length", otherwise "stop".
+A reply that calls tools (`call`, written by `workbench.sim.tools`) holds the call's ids where
+the answer would be: reasoning, the think-end id, the call, the end id.
 
 Reasoning and answer are each a run of the example text's ids (`corpus.json`, written by
 scripts/make_examples.py from a public-domain book with the example tokenizer's vocabulary)
@@ -30,6 +32,7 @@ from importlib import resources
 from typing import Literal, NamedTuple
 
 from workbench.profiles import ModelProfile
+from workbench.sim.markers import call_format
 from workbench.sim.profiles import OutputShape
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "output_seed",
     "plan_output",
     "render_text",
+    "text_run",
     "tokenize_text",
 ]
 
@@ -76,25 +80,36 @@ def output_seed(
 
 
 def plan_output(
-    model: ModelProfile, shape: OutputShape, seed: int, max_new_tokens: int
+    model: ModelProfile,
+    shape: OutputShape,
+    seed: int,
+    max_new_tokens: int,
+    call: list[int] | None = None,
 ) -> PlannedOutput:
-    """The output for one seed, cut at `max_new_tokens`."""
+    """The output for one seed, cut at `max_new_tokens`; `call` (a tool call's ids) replaces
+    the answer."""
     rng = random.Random(seed)
     head = _head(model)
     think_end = model.think_end
     if think_end is not None and rng.random() < shape.unclosed_rate:
-        ids = head + _content(rng, model, max(0, max_new_tokens - len(head)))
+        ids = head + text_run(rng, max(0, max_new_tokens - len(head)))
         return PlannedOutput(ids[:max_new_tokens], "length", None)
     answer = _length(rng, shape.answer_median, shape.answer_sigma)
     if think_end is None:
-        body = _content(rng, model, min(answer, max_new_tokens))
+        body = _answer(rng, min(answer, max_new_tokens), max_new_tokens, call)
         return _finish(body, model.end_ids[0], max_new_tokens)
     reasoning = _length(rng, shape.reasoning_median, shape.reasoning_sigma)
-    ids = head + _content(rng, model, min(reasoning, max_new_tokens))
+    ids = head + text_run(rng, min(reasoning, max_new_tokens))
     if len(ids) < max_new_tokens:
         ids.append(think_end)
-        ids += _content(rng, model, min(answer, max_new_tokens - len(ids)))
+        room = max_new_tokens - len(ids)
+        ids += _answer(rng, min(answer, room), room, call)
     return _finish(ids, model.end_ids[0], max_new_tokens)
+
+
+def _answer(rng: random.Random, length: int, room: int, call: list[int] | None) -> list[int]:
+    """`length` ids of the text, or the call's ids when there is one (at most `room`)."""
+    return text_run(rng, length) if call is None else call[:room]
 
 
 def _head(model: ModelProfile) -> list[int]:
@@ -128,7 +143,7 @@ def corpus() -> Corpus:
     return Corpus(tokens, ids, starts, {token: i for i, token in enumerate(tokens)})
 
 
-def _content(rng: random.Random, model: ModelProfile, count: int) -> list[int]:
+def text_run(rng: random.Random, count: int) -> list[int]:
     """`count` ids of the text from a seeded sentence start (one draw whatever `count` is)."""
     text = corpus()
     at = text.starts[rng.randrange(len(text.starts))]
@@ -155,6 +170,9 @@ def _special_names(model: ModelProfile) -> dict[int, str]:
         names[model.think_start] = "<think>"
     if model.think_end is not None:
         names[model.think_end] = "</think>"
+    calls = call_format(model)
+    if calls is not None:
+        names.update(calls.names)
     return names
 
 

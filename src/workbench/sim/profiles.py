@@ -74,7 +74,9 @@ of weights leave ~24k tokens at 0.80, ~39k at 0.88 and twice that in fp8; the st
 + 0.12 ms per request, about 450 tok/s at 8 requests and 1,300-2,300 at 64.
 
 Output lengths (`OutputShape`): reasoning and answer lengths are lognormal with the given
-medians and sigmas; `unclosed_rate` of the samples reason until max_new_tokens.
+medians and sigmas; `unclosed_rate` of the samples reason until max_new_tokens; with tools
+declared and the user's turn last, `tool_call_rate` of the replies call a tool instead of
+answering (`workbench.sim.tools`; `--tool-call-rate` overrides it).
 
 Prefix cache: with `--disable-radix-cache` nothing is cached: every prompt is prefilled whole
 and the cache hit rate is 0 (the hierarchical cache has nothing to keep either).
@@ -205,6 +207,7 @@ class OutputShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     answer_median: Positive
     answer_sigma: NonNegative
     unclosed_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.02
+    tool_call_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.7
 
 
 class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

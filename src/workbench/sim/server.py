@@ -1,7 +1,8 @@
 """The simulated server's state: engines per data-parallel rank, metrics, faults, jobs.
 
 Prompts go to the ranks round robin, as SGLang's data-parallel controller sends them; the
-server plans each sequence's output and queues it (`start_job`). Its other parts:
+server plans each sequence's output (a tool call for a share of the prompts that declare
+tools: `workbench.sim.tools`) and queues it (`start_job`). Its other parts:
 
     loops          one `workbench.sim.engine.EngineLoop` per data-parallel rank
     jobs           `workbench.sim.aborts.LiveJobs`: unfinished jobs by rid, aborts
@@ -39,6 +40,7 @@ from workbench.sim.profiles import get_sim_profile, plan_sizing, step_seconds
 from workbench.sim.protocol import GenerateItem, Limits
 from workbench.sim.replies import ReplyOptions, abort_reply, fixed_reply, generate_reply
 from workbench.sim.request import Request
+from workbench.sim.tools import plan_call
 
 __all__ = ["EXIT_MESSAGE", "SimServer"]
 
@@ -65,6 +67,11 @@ class SimServer:
             config.mem_fraction_static or self.profile.default_mem_fraction_static
         )
         self.tp_size = config.tp_size or self.profile.default_tp_size
+        self.tool_call_rate = (
+            self.profile.output.tool_call_rate
+            if config.tool_call_rate is None
+            else config.tool_call_rate
+        )
         self.sizing = plan_sizing(
             self.profile,
             mem_fraction_static=self.mem_fraction_static,
@@ -187,7 +194,8 @@ class SimServer:
         )
         rank, loop = next(self._ranks)
         hashes = block_hashes(item.input_ids)
-        plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens)
+        call = plan_call(self.model, item.prompt, seed, self.tool_call_rate)
+        plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens, call)
         completion = complete(plan, sampling, self.model, seed)
         if sampling.greedy and not health:
             completion = completion._replace(
