@@ -109,8 +109,8 @@ def test_one_read_finds_what_json_finds_line_by_line(
     found = prompt_scan.scan(path)
     assert as_found(found) == expected
     assert found.end_offset == len(DATA) - len(LINES[-1])
-    assert found.length_of() == {0: 3, 1: 2, 2: 4, 3: 6, "s-4": 1, 5: 0, 7: 1, "c-8": 1,
-                                 9: 2, 10: 2, 12: 5}
+    lengths = {0: 3, 1: 2, 2: 4, 3: 6, "s-4": 1, 5: 0, 7: 1, "c-8": 1, 9: 2, 10: 2, 12: 5}
+    assert found.length_of() == {(sid, None): n for sid, n in lengths.items()}
     details = {kind: detail for _, kind, detail in found.problems}
     assert details["duplicate_id"] == "sample_id 1 also at line 2"
     assert details["no_id"] == "cannot read sample_id"

@@ -4,6 +4,9 @@
                   percentiles), finish reasons, layouts, unreadable lines, the record ids
                   (IdIndex: 8 bytes a record), the record times of the recent window and
                   the last records' missing counts and truncations
+    TurnCounts    the records of conversations regenerated turn by turn (those with a
+                  ``turn``): per conversation its turns, per turn index its records and
+                  completion tokens, the conversations ended early by reason
     ErrorCounts   errors.jsonl: failed attempts, the ids that failed, recent failure times
     PromptCounts  prompts.jsonl: prepared prompts, the pre-tokenized ones and their ids
 
@@ -28,7 +31,7 @@ from workbench.rundir.cursor import text_lines
 from workbench.rundir.records import Block
 
 __all__ = ["PERCENTILES", "ErrorCounts", "Fields", "IdIndex", "PromptCounts", "RawCounts",
-           "nearest_ranks"]
+           "TurnCounts", "nearest_ranks"]
 
 PERCENTILES = (50, 90, 99)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -98,6 +101,7 @@ class RawCounts:
         self.bad_lines = 0
         self.torn = False
         self.ids = IdIndex()
+        self.turns = TurnCounts()
         self.first_ts: float | None = None
         self.window: deque[tuple[float, int]] = deque()
         self.last: deque[tuple[bool, bool, str | None]] = deque(maxlen=recent_rows)
@@ -117,7 +121,7 @@ class RawCounts:
         counts = scan.tally.counts
         bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
         fields = Fields(c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
-                         c.cached_tokens, c.finish_reason, c.ts)
+                         c.cached_tokens, c.finish_reason, c.ts, c.turn, c.ended)
         self.add_fields(fields, bad_lines, scan.torn is not None, cutoff, unresolved)
 
     def add_fields(self, fields: Fields, bad_lines: int, torn: bool, cutoff: float,
@@ -129,6 +133,7 @@ class RawCounts:
         self._add_counts(fields)
         self._add_labels(fields, unresolved)
         self._add_times(fields, cutoff)
+        self.turns.add(fields)
         size = self.last.maxlen or 1
         self.last.extend(zip((c is None for c in fields.completion_tokens[-size:]),
                              (p is None for p in fields.prompt_tokens[-size:]),
@@ -209,6 +214,41 @@ class Fields(NamedTuple):
     cached_tokens: Sequence[int | None]
     finish_reason: Sequence[str | None]
     ts: Sequence[float | None]
+    turn: Sequence[int | None]
+    ended: Sequence[str | None]
+
+
+class TurnCounts:
+    """The records with a turn (conversations regenerated turn by turn, ``turns: each``).
+
+    ``per_conversation`` counts each sample id's turn records (a repeated (sample id, turn)
+    counted twice, as records are); ``by_turn`` holds per turn index [records, completion
+    tokens] (records without a completion count add none); ``ended`` counts the reasons
+    conversations ended for (the ``ended`` of their records).
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.per_conversation: dict[object, int] = {}
+        self.by_turn: dict[int, list[int]] = {}
+        self.ended: dict[str, int] = {}
+
+    def add(self, fields: Fields) -> None:
+        """Count the records of fields that have a turn (nothing for single-turn ones)."""
+        if not any(turn is not None for turn in fields.turn):
+            return
+        for sample_id, turn, tokens, ended in zip(fields.sample_id, fields.turn,
+                                                  fields.completion_tokens, fields.ended,
+                                                  strict=True):
+            if turn is None:
+                continue
+            self.records += 1
+            self.per_conversation[sample_id] = self.per_conversation.get(sample_id, 0) + 1
+            counts = self.by_turn.setdefault(turn, [0, 0])
+            counts[0] += 1
+            counts[1] += tokens or 0
+            if ended is not None:
+                self.ended[ended] = self.ended.get(ended, 0) + 1
 
 
 class _ErrorLine(msgspec.Struct):

@@ -1,13 +1,17 @@
 """Validation findings: each rule's count, rate, severity and first examples, per dataset.
 
 A dataset's findings gather the tallies of its scanned raw file (the per-record rules and
-the line problems, :mod:`workbench.analyze.scan`), the torn last line, and its sample ids
-against prompts.jsonl's: a record whose id repeats (``duplicate_sample_id``) or is not a
+the line problems, :mod:`workbench.analyze.scan`), the torn last line, and its keys
+against prompts.jsonl's: a record whose key repeats (``duplicate_sample_id``) or is not a
 prepared prompt (``orphan_response``), a prepared prompt with no record
 (``missing_response``, or ``unsent_budget`` when the dataset's token budget stopped it), a
 record whose ``prompt_tokens`` is not the number of ids its prompt was sent with
 (``prompt_tokens_mismatch``: only when prompts.jsonl holds ids for every prompt) and the
-problems of prompts.jsonl itself. A rule whose rate (over the records; over the
+problems of prompts.jsonl itself. A key is ``(sample_id, turn)``
+(:data:`~workbench.rundir.line_index.Key`): the turns of a conversation regenerated turn by
+turn (``turns: each``) share a sample id and are no duplicates; such a conversation whose
+records skip a turn is a ``missing_turn``, and every example of a record with a turn names
+its sample id and turn. A rule whose rate (over the records; over the
 prompts for the missing ones) passes its :class:`~workbench.analyze.rules.Thresholds` rate
 is an error whatever its default severity. Findings come errors first, then in
 :data:`~workbench.analyze.rules.SEVERITY` order.
@@ -23,8 +27,9 @@ import msgspec
 
 from workbench.analyze.rules import PROMPT_RULES, SEVERITY, Severity, Thresholds, counted_over
 from workbench.rundir import prompt_scan
-from workbench.rundir.columns import FileScan, Tally
+from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
+from workbench.rundir.line_index import Key, key_text
 
 __all__ = [
     "DatasetReport",
@@ -88,13 +93,13 @@ class ValidationReport(msgspec.Struct):
 
 @dataclass(slots=True)
 class PromptIds:
-    """Each prompt's first line, the problems of prompts.jsonl, and the ids each prompt was
-    sent with (None unless every prompt of the file was sent as ids: text prompts are
-    tokenized by the server, so their length is not known)."""
+    """Each prompt's first line (by :data:`Key`), the problems of prompts.jsonl, and the ids
+    each prompt was sent with (None unless every prompt of the file was sent as ids: text
+    prompts are tokenized by the server, so their length is not known)."""
 
-    lines: dict[SampleId, int]
+    lines: dict[Key, int]
     tally: Tally
-    sent_ids: dict[SampleId, int] | None = None
+    sent_ids: dict[Key, int] | None = None
 
 
 def read_prompt_ids(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) -> PromptIds | None:
@@ -110,7 +115,7 @@ def read_prompt_ids(ds: DatasetDir, thresholds: Thresholds, cache: bool = True) 
     return PromptIds(found.first_line_of(), tally, _sent_ids(found))
 
 
-def _sent_ids(found: prompt_scan.PromptScan) -> dict[SampleId, int] | None:
+def _sent_ids(found: prompt_scan.PromptScan) -> dict[Key, int] | None:
     """Each prompt's number of ids when every row of the file holds an input_ids array (the
     scan's lengths are then those counts, never text estimates); else None."""
     rows = found.lines - sum(1 for _, kind, _ in found.problems if kind in _NOT_ROWS)
@@ -122,42 +127,90 @@ def _sent_ids(found: prompt_scan.PromptScan) -> dict[SampleId, int] | None:
 def _id_findings(
     scan: FileScan, prompts: PromptIds | None, tally: Tally, budget_reached: bool = False
 ) -> None:
-    """Duplicate and orphan records into tally; missing responses into the prompts' tally
-    (as `unsent_budget` when the dataset's token budget stopped it)."""
-    first_line: dict[SampleId, int] = {}
-    for sample_id, line in zip(scan.columns.sample_id, scan.columns.line, strict=True):
-        if sample_id is None:
+    """Duplicate and orphan records and gaps in conversations into tally; missing responses
+    into the prompts' tally (as `unsent_budget` when the dataset's token budget stopped it)."""
+    first_line: dict[Key, int] = {}
+    for key, line in zip(_keys(scan.columns), scan.columns.line, strict=True):
+        if key[0] is None:
             continue
-        seen = first_line.setdefault(sample_id, line)
+        seen = first_line.setdefault(key, line)
         if seen != line:
-            tally.add("duplicate_sample_id", line, f"sample_id {sample_id!r} also at line {seen}")
-        elif prompts is not None and sample_id not in prompts.lines:
-            tally.add("orphan_response", line, f"sample_id {sample_id!r} is not a prepared prompt")
+            tally.add("duplicate_sample_id", line, f"{key_text(*key)} also at line {seen}")
+        elif prompts is not None and key not in prompts.lines:
+            tally.add("orphan_response", line, f"{key_text(*key)} is not a prepared prompt")
+    _turn_gaps(first_line, tally)
     if prompts is not None:
         answered = first_line.keys()
-        missing = sorted(line for sid, line in prompts.lines.items() if sid not in answered)
+        missing = sorted((line, key) for key, line in prompts.lines.items()
+                         if key not in answered)
         rule, detail = (("unsent_budget", "not sent: the max_tokens budget was reached")
                         if budget_reached else ("missing_response", "prepared prompt without a record"))
-        for line in missing:
-            prompts.tally.add(rule, line, detail)
+        for line, key in missing:
+            prompts.tally.add(rule, line, detail if key[1] is None else f"{key_text(*key)}: {detail}")
 
 
-def _prompt_token_findings(scan: FileScan, sent: dict[SampleId, int], tally: Tally) -> None:
+def _keys(columns: Columns) -> Iterable[Key]:
+    """Each record's (sample id, turn), in file order."""
+    return zip(columns.sample_id, columns.turn, strict=True)
+
+
+def _turn_gaps(first_line: dict[Key, int], tally: Tally) -> None:
+    """Each conversation whose records skip a turn (a record of turn n, none of an earlier
+    one), at the first line of the first turn after a gap."""
+    turns: dict[SampleId, dict[int, int]] = {}
+    for (sample_id, turn), line in first_line.items():
+        if turn is not None:
+            turns.setdefault(sample_id, {})[turn] = line
+    gaps = []
+    for sample_id, lines in turns.items():
+        missing = [turn for turn in range(max(lines)) if turn not in lines]
+        if missing:
+            after = min(turn for turn in lines if turn > missing[0])
+            gaps.append((lines[after], sample_id, after, missing))
+    for line, sample_id, after, missing in sorted(gaps, key=lambda gap: gap[0]):
+        names = ", ".join(map(str, missing))
+        tally.add("missing_turn", line, f"sample_id {sample_id!r}: turn {after} present, "
+                  f"turn{'s' if len(missing) > 1 else ''} {names} missing")
+
+
+def _prompt_token_findings(scan: FileScan, sent: dict[Key, int], tally: Tally) -> None:
     """Records whose prompt_tokens are not the number of ids their prompt was sent with."""
     columns = scan.columns
-    for sample_id, line, tokens in zip(columns.sample_id, columns.line, columns.prompt_tokens,
-                                       strict=True):
-        ids = sent.get(sample_id) if sample_id is not None else None
+    for key, line, tokens in zip(_keys(columns), columns.line, columns.prompt_tokens,
+                                 strict=True):
+        ids = sent.get(key) if key[0] is not None else None
         if ids is not None and tokens is not None and ids != tokens:
-            tally.add("prompt_tokens_mismatch", line, f"sample_id {sample_id!r}: prompt_tokens "
+            tally.add("prompt_tokens_mismatch", line, f"{key_text(*key)}: prompt_tokens "
                       f"{tokens}, sent {ids} ids ({tokens - ids:+d})")
+
+
+def _named(examples: list[Example], turns: dict[int, Key]) -> list[Example]:
+    """The examples, each of a record with a turn naming its sample id and turn (unless its
+    detail names them already)."""
+    named = []
+    for example in examples:
+        key = turns.get(example.line) if example.file == RAW_FILE else None
+        if key is not None and not example.detail.startswith("sample_id "):
+            example = Example(example.line, f"{key_text(*key)}: {example.detail}", example.file)
+        named.append(example)
+    return named
+
+
+def _turn_lines(columns: Columns) -> dict[int, Key]:
+    """line -> (sample id, turn) of each record with a turn (none in a single-turn file)."""
+    if not any(turn is not None for turn in columns.turn):
+        return {}
+    return {line: (sample_id, turn) for line, sample_id, turn
+            in zip(columns.line, columns.sample_id, columns.turn, strict=True)
+            if turn is not None}
 
 
 def _findings(
     tallies: Iterable[tuple[str, Tally]], records: int, prompts: int | None,
-    thresholds: Thresholds,
+    thresholds: Thresholds, turns: dict[int, Key] | None = None,
 ) -> list[Finding]:
-    """Findings of every rule that fired, errors first."""
+    """Findings of every rule that fired, errors first; `turns` names the records with a
+    turn in the examples (:func:`_named`)."""
     counts: dict[str, int] = {}
     examples: dict[str, list[Example]] = {}
     for file, tally in tallies:
@@ -165,7 +218,8 @@ def _findings(
             counts[rule] = counts.get(rule, 0) + count
             examples.setdefault(rule, []).extend(
                 Example(line, detail, file) for line, detail in tally.examples[rule])
-    found = [_finding(rule, count, examples[rule], records, prompts, thresholds)
+    found = [_finding(rule, count, _named(examples[rule], turns) if turns else examples[rule],
+                      records, prompts, thresholds)
              for rule, count in counts.items()]
     return sorted(found, key=lambda f: (_SEVERITY_ORDER[f.severity], _RULE_ORDER[f.rule]))
 
@@ -203,6 +257,6 @@ def dataset_report(
     if prompts is not None and prompts.sent_ids is not None:
         _prompt_token_findings(scan, prompts.sent_ids, records)
     count = len(prompts.lines) if prompts is not None else None
-    findings = _findings(tallies, scan.records, count, thresholds)
+    findings = _findings(tallies, scan.records, count, thresholds, _turn_lines(scan.columns))
     ok = not any(f.severity == "error" for f in findings)
     return DatasetReport(ok, scan.records, count, findings)

@@ -23,7 +23,10 @@ The per-record degeneracy rules (``repetition``, ``special_heavy``) are
 "Earlier" is the manifest's dataset order, then file order: the first copy is kept, the later
 ones are flagged (and dropped by ``export --drop duplicate|near_duplicate``). Replies of fewer
 than 32 ids (short answers are alike by nature, their prompts differ) and records repeating
-an earlier record's sample id are not compared.
+an earlier record's (sample id, turn) are not compared. A conversation regenerated turn by
+turn (``turns: each``) has one reply per turn, each compared (and named by its turn), and
+its first prompt compared, which every later turn's prompt holds: a flagged prompt drops
+the whole conversation from an export, a flagged reply its turn.
 
 The per-record figures (digest, MinHash signature, benchmark overlap) are computed in the one
 scan of the raw files and kept in its cache (:mod:`workbench.rundir.columns`): a grown run
@@ -55,6 +58,7 @@ from workbench.rundir.figures import (
     reply_overlaps,
 )
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
+from workbench.rundir.line_index import Key, key_text
 from workbench.rundir.manifest import BenchmarkChoice, choose_benchmarks
 from workbench.rundir.records import SampleId
 from workbench.rundir.run import RunInfo
@@ -165,7 +169,7 @@ def add_quality(columns: Columns, ids: np.ndarray, starts: np.ndarray, ends: np.
 
 class _Rows(NamedTuple):
     """The rows of every dataset compared together: owner dataset, line, sample id, digest,
-    signature, overlap."""
+    signature, overlap, turn (None for a prompt and a single-turn reply)."""
 
     dataset: list[str]
     line: list[int]
@@ -173,6 +177,7 @@ class _Rows(NamedTuple):
     digest: np.ndarray
     signature: np.ndarray
     overlap: np.ndarray
+    turn: list[int | None]
 
 
 def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
@@ -197,12 +202,29 @@ def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Threshold
 
 def flagged_samples(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
                     decontaminate: Decontamination | None = None, *, cache: bool = True,
-                    ) -> dict[str, dict[str, set[SampleId]]]:
-    """Per dataset, per run-level rule, the sample ids it flags (the export's drops)."""
+                    ) -> dict[str, dict[str, set[SampleId | Key]]]:
+    """Per dataset, per run-level rule, what it flags (the export's drops): the sample ids of
+    flagged prompts and single-turn replies, the (sample id, turn) of flagged replies of a
+    conversation regenerated turn by turn."""
     flags = _flags(run, scans, thresholds, decontaminate,
                    prompt_figures(run, decontaminate, cache=cache), cache)
-    return {name: {rule: {sid for sid, _ in lines.values()} for rule, lines in rules.items()}
+    turns = {ds.name: _line_turns(scan.columns) for ds, scan in zip(run.datasets, scans,
+                                                                      strict=True)}
+    return {name: {rule: {_flagged(sid, None if rule.endswith("_prompt")
+                                   else turns.get(name, {}).get(line))
+                          for line, (sid, _) in lines.items()}
+                   for rule, lines in rules.items()}
             for name, rules in flags.items()}
+
+
+def _line_turns(columns: Columns) -> dict[int, int]:
+    """line -> turn of each record with a turn."""
+    return {line: turn for line, turn in zip(columns.line, columns.turn, strict=True)
+            if turn is not None}
+
+
+def _flagged(sample_id: SampleId, turn: int | None) -> SampleId | Key:
+    return sample_id if turn is None else (sample_id, turn)
 
 
 _Flags = dict[str, dict[str, dict[int, tuple[SampleId, str]]]]  # dataset -> rule -> line -> ...
@@ -247,32 +269,35 @@ def _reply_rows(names: Sequence[str], scans: Sequence[FileScan], min_ids: int = 
     parts: list[tuple[str, Columns, np.ndarray]] = []
     for name, scan in zip(names, scans, strict=True):
         parts.append((name, scan.columns, _comparable(scan.columns, min_ids)))
-    return _gather((name, columns, keep, columns.digest, columns.signature, columns.overlap)
-                   for name, columns, keep in parts)
+    return _gather((name, columns, keep, columns.digest, columns.signature, columns.overlap,
+                    columns.turn) for name, columns, keep in parts)
 
 
 def _comparable(columns: Columns, min_ids: int) -> np.ndarray:
-    """Indexes of the records compared: the first of their sample id, with `min_ids` ids or
-    more."""
+    """Indexes of the records compared: the first of their (sample id, turn), with `min_ids`
+    ids or more."""
     count = len(columns.sample_id)
-    # the first record of a sample id is the one exports keep: the dict keeps its first index
-    first = dict(zip(reversed(columns.sample_id), range(count - 1, -1, -1)))
-    first.pop(None, None)
+    # the first record of a key is the one exports keep: the dict keeps its first index
+    keys = zip(reversed(columns.sample_id), reversed(columns.turn), strict=True)
+    first = {key: index for key, index in zip(keys, range(count - 1, -1, -1), strict=True)
+             if key[0] is not None}
     keep = np.sort(np.fromiter(first.values(), dtype=np.int64, count=len(first)))
     lengths = np.array([0 if n is None else n for n in columns.output_len], dtype=np.int64)
     return keep[lengths[keep] >= max(min_ids, 1)] if count else keep
 
 
 def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[bytes],
-                                  Sequence[int]]]) -> _Rows:
+                                  Sequence[int], Sequence[int | None] | None]]) -> _Rows:
     dataset: list[str] = []
     line: list[int] = []
     sample_id: list[SampleId] = []
     digests: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)]
     signatures: list[bytes] = []
     overlaps: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    for name, columns, keep, digest, signature, overlap in parts:
+    turn: list[int | None] = []
+    for name, columns, keep, digest, signature, overlap, turns in parts:
         at = keep.tolist()
+        turn.extend([None] * len(at) if turns is None else _picked(turns, at))
         dataset.extend([name] * len(at))
         line.extend(_picked(columns.line, at))
         sample_id.extend(_picked(columns.sample_id, at))
@@ -282,7 +307,7 @@ def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[
     width = len(signatures[0]) // np.dtype(SIGNATURE_DTYPE).itemsize if signatures else 1
     matrix = np.frombuffer(b"".join(signatures), dtype=SIGNATURE_DTYPE).reshape(-1, width)
     return _Rows(dataset, line, sample_id, np.concatenate(digests), matrix,
-                 np.concatenate(overlaps))
+                 np.concatenate(overlaps), turn)
 
 
 def _picked(values: Sequence[Any], at: list[int]) -> list[Any]:
@@ -300,9 +325,9 @@ def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags) -> None:
     for index in np.flatnonzero((exact >= 0) | (near >= 0)).tolist():
         other = int(exact[index]) if exact[index] >= 0 else int(near[index])
         rule = f"duplicate_{what}" if exact[index] >= 0 else f"near_duplicate_{what}"
-        where = f"{rows.dataset[other]} sample_id {rows.sample_id[other]!r}"
+        where = f"{rows.dataset[other]} {key_text(rows.sample_id[other], rows.turn[other])}"
         kind = "same as" if exact[index] >= 0 else "nearly the same as"
-        detail = f"sample_id {rows.sample_id[index]!r}: {kind} {where}"
+        detail = f"{key_text(rows.sample_id[index], rows.turn[index])}: {kind} {where}"
         _flag(flags, rows, index, rule, detail)
 
 
@@ -311,7 +336,8 @@ def _contamination(rows: _Rows, rule: str, decontaminate: Decontamination | None
     if decontaminate is None:
         return
     for index in np.flatnonzero(rows.overlap).tolist():
-        detail = (f"sample_id {rows.sample_id[index]!r} holds a {decontaminate.benchmarks.n}-gram "
+        detail = (f"{key_text(rows.sample_id[index], rows.turn[index])} holds a "
+                  f"{decontaminate.benchmarks.n}-gram "
                   f"of {decontaminate.describe(int(rows.overlap[index]))}")
         _flag(flags, rows, index, rule, detail)
 
@@ -361,5 +387,5 @@ def _prompt_rows(run: RunInfo, figures: Mapping[str, PromptRows]) -> _Rows:
         if found is not None:
             kept = found.figures
             keep = np.arange(len(kept.line), dtype=np.int64)
-            parts.append((ds.name, kept, keep, kept.digest, kept.signature, found.overlap))
+            parts.append((ds.name, kept, keep, kept.digest, kept.signature, found.overlap, None))
     return _gather(parts)

@@ -291,14 +291,17 @@ class _PromptLine(msgspec.Struct):
     sample_id: Any = None
     input_ids: list[int] | None = None
     text: str | None = None
+    turn: Any = None
 
 
 _PROMPT_DECODER = msgspec.json.Decoder(_PromptLine)
 
 
-def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, str]) -> str | None:
-    """The prompt of `sample_id` as sent (prompts.jsonl): decoded ids, or its text. The file
-    is read from its start up to that prompt (prompts are not in the scan)."""
+def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, str],
+               turn: int | None = None) -> str | None:
+    """The prompt of `sample_id` (at `turn` of a conversation regenerated turn by turn) as
+    sent (prompts.jsonl): decoded ids, or its text. The file is read from its start up to
+    that prompt (prompts are not in the scan)."""
     if sample_id is None or not path.is_file():
         return None
     with path.open("rb") as lines:
@@ -307,7 +310,7 @@ def _prompt_of(path: Path, sample_id: object, decoder: Any, names: Mapping[int, 
                 prompt = _PROMPT_DECODER.decode(raw)
             except msgspec.DecodeError:
                 continue
-            if prompt.sample_id == sample_id:
+            if prompt.sample_id == sample_id and prompt.turn == turn:
                 if prompt.input_ids is not None:
                     return _show(prompt.input_ids, decoder, names)
                 return prompt.text
@@ -348,7 +351,7 @@ def record_detail(
     return RecordDetail(
         dataset, line, row.sample_id, row.finish_reason, row.matched_stop, row.prompt_tokens,
         row.completion_tokens, row.cached_tokens,
-        _prompt_of(ds.prompts_path, row.sample_id, decoder, names),
+        _prompt_of(ds.prompts_path, row.sample_id, decoder, names, row.turn),
         None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
         decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names))
 

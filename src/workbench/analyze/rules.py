@@ -11,11 +11,15 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     need every field; older layouts the ids, counts and finish)
     legacy_layout         info      records in the chat-completions or meta_info layout
     bad_type              error     lines whose known fields hold the wrong type
-    duplicate_sample_id   error     a sample_id seen before in the same file (raw, prompts)
+    duplicate_sample_id   error     a sample_id seen before in the same file (raw, prompts);
+                                    of a conversation regenerated turn by turn, the same
+                                    (sample_id, turn): its other turns are no duplicates
     missing_response      warning   a prepared prompt with no record (prompts)
     unsent_budget         info      a prepared prompt with no record in a dataset whose
                                     max_tokens budget stopped it (run.json budget_reached)
-    orphan_response       warning   a record whose sample_id is not a prepared prompt
+    orphan_response       warning   a record whose sample_id (and turn) is not a prepared prompt
+    missing_turn          warning   a conversation regenerated turn by turn whose turns have a
+                                    gap: a record of turn n, none of an earlier turn
     no_prompts            warning   prompts.jsonl is absent: the two rules above cannot run
     prompt_tokens_mismatch error    a record whose prompt_tokens differs from the ids of its
                                     prompt in prompts.jsonl: the server cut or changed the prompt
@@ -111,6 +115,7 @@ SEVERITY: dict[str, Severity] = {
     "missing_response": "warning",
     "unsent_budget": "info",
     "orphan_response": "warning",
+    "missing_turn": "warning",
     "no_prompts": "warning",
     "prompt_tokens_mismatch": "error",
     "token_count_mismatch": "warning",

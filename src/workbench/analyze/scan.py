@@ -213,6 +213,8 @@ def _add_columns(
     columns.finish_reason.extend(row.finish_reason for row in rows)
     columns.ts.extend(row.ts for row in rows)
     columns.e2e_latency.extend(row.e2e_latency for row in rows)
+    columns.turn.extend(row.turn for row in rows)
+    columns.ended.extend(row.ended for row in rows)
     columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
                               for row in rows)
     for row, first in zip(rows, stats.end_first, strict=True):

@@ -42,6 +42,16 @@ is :mod:`workbench.analyze.stats_text`. The total row sums the datasets (its rat
 datasets' current ones summed; once the whole run is finished, over the run's first to last
 record). Lines that are not rows are counted in ``bad_lines``; a last line without newline
 only sets ``torn_tail`` until it is complete.
+
+A dataset whose records carry a ``turn`` (conversations regenerated turn by turn, ``turns:
+each``: one record per generated assistant turn) also gets ``turns`` (:class:`TurnStats`,
+None for a single-turn dataset, whose figures are unchanged):
+
+    conversations               distinct sample ids among the records with a turn
+    turns                       records with a turn
+    turns per conversation      mean (turns over conversations) and max
+    by_turn                     per turn index (0, 1, ...): records and completion tokens
+    ended                       conversations ended early, by reason (records' ``ended``)
 """
 
 from __future__ import annotations
@@ -53,7 +63,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.analyze.counters import ErrorCounts, PromptCounts, RawCounts, nearest_ranks
+from workbench.analyze.counters import (
+    ErrorCounts,
+    PromptCounts,
+    RawCounts,
+    TurnCounts,
+    nearest_ranks,
+)
 from workbench.analyze.eta import Progress, Target, progress, total_progress
 from workbench.errors import DataError
 from workbench.rundir import prompt_scan
@@ -75,6 +91,7 @@ __all__ = [
     "RecentStats",
     "RunStats",
     "StatsCollector",
+    "TurnStats",
     "collect_stats",
 ]
 
@@ -96,6 +113,40 @@ class RecentStats:
     with_reason: int = 0
     window_records: int = 0
     window_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStats:
+    """The conversations of a dataset regenerated turn by turn (the module docstring);
+    ``by_turn`` holds (turn, records, completion tokens) in turn order."""
+
+    conversations: int
+    turns: int
+    mean_turns: float | None
+    max_turns: int
+    by_turn: tuple[tuple[int, int, int], ...]
+    ended: Mapping[str, int]
+
+    @classmethod
+    def of(cls, counts: TurnCounts) -> TurnStats | None:
+        """The figures of the counted turns; None when no record had one."""
+        if not counts.records:
+            return None
+        per = counts.per_conversation
+        by_turn = tuple((turn, *counts.by_turn[turn]) for turn in sorted(counts.by_turn))
+        return cls(len(per), counts.records, counts.records / len(per), max(per.values()),
+                   by_turn, dict(sorted(counts.ended.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``turns`` object of ``workbench stats --json``."""
+        return {
+            "conversations": self.conversations,
+            "turns": self.turns,
+            "turns_per_conversation": {"mean": _round(self.mean_turns, 3), "max": self.max_turns},
+            "by_turn": [{"turn": turn, "records": records, "completion_tokens": tokens}
+                        for turn, records, tokens in self.by_turn],
+            "ended": dict(self.ended),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +183,7 @@ class DatasetStats:
     last_write: float | None = None
     last_error_write: float | None = None
     recent: RecentStats = field(default_factory=RecentStats)
+    turns: TurnStats | None = None
 
     @property
     def layout(self) -> str:
@@ -189,6 +241,7 @@ class DatasetStats:
                 "window_records": self.recent.window_records,
                 "window_errors": self.recent.window_errors,
             },
+            **({} if self.turns is None else {"turns": self.turns.to_dict()}),
         }
 
 
@@ -360,6 +413,7 @@ class _Dataset:
             last_write=self.raw_cursor.mtime,
             last_error_write=self.errors_cursor.mtime,
             recent=self._recent(window_records, now - window),
+            turns=TurnStats.of(raw.turns),
         )
         stats = replace(stats, **progress(stats)._asdict())
         if stats.finished:  # its rates over its running time: fixed from now on

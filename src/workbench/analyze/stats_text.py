@@ -1,7 +1,9 @@
 """``workbench stats``: a run's statistics as text (or JSON).
 
-Two tables (counts; spread and progress), then notes per dataset. Token columns count
-completion tokens unless named otherwise:
+Two tables (counts; spread and progress), then notes per dataset, then for each dataset of
+conversations regenerated turn by turn its turns: conversations, turns per conversation,
+completion tokens by turn index and the conversations ended early by reason. Token columns
+count completion tokens unless named otherwise:
 
     failed        failed ids still without a record (errors counts failed attempts)
     missing       records whose completion count cannot be read (never counted as 0)
@@ -15,7 +17,7 @@ import json
 import os
 
 from workbench.analyze.eta import stopped_by_budget
-from workbench.analyze.stats import DatasetStats, RunStats, collect_stats
+from workbench.analyze.stats import DatasetStats, RunStats, TurnStats, collect_stats
 from workbench.rundir.run import check_run_dir
 from workbench.text import format_count, format_duration, format_rate, format_table
 
@@ -66,6 +68,22 @@ def _notes(d: DatasetStats) -> list[str]:
     return notes
 
 
+_TURN_HEADERS = ("turn", "records", "completion tok")
+
+
+def _turn_lines(name: str, turns: TurnStats) -> list[str]:
+    """A turns dataset's conversations, its completion tokens by turn and its early ends."""
+    mean = "-" if turns.mean_turns is None else f"{turns.mean_turns:.2f}"
+    lines = [f"{name}: {turns.conversations:,} conversations, {turns.turns:,} turns "
+             f"({mean} per conversation, max {turns.max_turns:,})"]
+    rows = [[str(turn), format_count(records), format_count(tokens)]
+            for turn, records, tokens in turns.by_turn]
+    lines += ["  " + line for line in format_table(_TURN_HEADERS, rows).splitlines()]
+    ended = ", ".join(f"{reason} {count:,}" for reason, count in turns.ended.items())
+    lines.append(f"{name}: conversations ended early: {ended or 'none'}")
+    return lines
+
+
 def format_stats_table(stats: RunStats) -> str:
     """The readable form of ``workbench stats``: counts, then spread and progress, then notes.
 
@@ -81,6 +99,9 @@ def format_stats_table(stats: RunStats) -> str:
     ]
     for d in stats.datasets.values():
         lines += [f"{d.name}: {note}" for note in _notes(d)]
+    for d in stats.datasets.values():
+        if d.turns is not None:
+            lines += _turn_lines(d.name, d.turns)
     lines.append(f"rates over the last {format_duration(stats.window)} of record timestamps")
     return "\n".join(lines)
 

@@ -104,10 +104,14 @@ def _sent_ids(raw: Path, scanned: FileScan | None) -> set[SampleId]:
 
 def _prompt_lengths(path: Path) -> dict[int | str, int]:
     """sample_id -> prompt tokens, from the one read of prompts.jsonl the reports share (kept
-    beside the file while it is unchanged: it is written once, before the replies)."""
+    beside the file while it is unchanged: it is written once, before the replies); a
+    conversation regenerated turn by turn counts its first prompt."""
     if not path.exists():
         return {}
-    return prompt_scan.summary(path).length_of()
+    lengths: dict[int | str, int] = {}
+    for (sample_id, _), length in prompt_scan.summary(path).length_of().items():
+        lengths.setdefault(sample_id, length)
+    return lengths
 
 
 def _curve(name: str, group: str, lengths: list[int]) -> list[tuple[str, str, int, float]]:

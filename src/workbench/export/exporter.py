@@ -1,20 +1,27 @@
 """Training-ready export of a run: exact token ids with a loss mask, or conversations.
 
 Formats (one row per exported record; `id` is ``"<dataset>/<sample_id>"``, unique across the
-datasets of a run):
+datasets of a run; a dataset of conversations regenerated turn by turn, ``turns: each``, has
+one record, so one row, per generated assistant turn: its `id` is the conversation's, and
+an int `turn` beside it names the turn, ``(id, turn)`` unique):
 
     tokens          {"id", "dataset", "input_ids", "loss_mask"}: the prepared prompt's ids
                     followed by the record's output_ids; loss_mask is 0 over the prompt and 1
                     over the output (the layout vLLM speculators' regeneration writes).
                     JSONL (.jsonl) or Parquet (.parquet, .pq: input_ids list<int32>,
-                    loss_mask list<int8>, one row group per 1,024 rows).
+                    loss_mask list<int8>, one row group per 1,024 rows). A turn's row is
+                    {"id", "turn", "dataset", "input_ids", "loss_mask"}: that turn's prompt
+                    (the conversation so far, as sent) then its reply, the mask 1 on the
+                    reply only.
     conversations   {"id", "dataset", "conversations"[, "tools"]}: the source file's messages
                     (and tools, when the prompt was rendered with them) and an assistant turn {"role", "content", "reasoning_content"}
                     split at the model profile's think-end id and decoded with the dataset's
                     tokenizer (for trainers that apply the chat template themselves). JSONL
-                    only, from datasets whose input is ``messages`` in a JSONL source file.
+                    only, from datasets whose input is ``messages`` in a JSONL source file
+                    (not yet from a ``turns: each`` dataset: refused).
     --for TRAINER   tokens rows as that trainer reads them, {"input_ids", "loss_mask"} only,
-                    JSONL only, with a manifest beside the file (trainers.py).
+                    JSONL only, with a manifest beside the file (trainers.py) whose rows name
+                    each row's id (and turn).
 
 The rows' formats are :mod:`workbench.export.sinks`'s; a dataset's records become rows in
 :mod:`workbench.export.sources` (conversations: :mod:`workbench.export.conversations`); the
@@ -42,8 +49,8 @@ Records dropped, by reason (the summary counts each record once, under the first
 
     parse_error, torn_line       unreadable lines
     missing_field                no sample_id or no output_ids
-    duplicate_sample_id          a sample_id seen before in the file (the first is kept)
-    orphan_response              no prepared prompt for the sample_id
+    duplicate_sample_id          a (sample_id, turn) seen before in the file (the first is kept)
+    orphan_response              no prepared prompt for the (sample_id, turn)
     <rule>                       a rule of ``ExportOptions.drop`` (validate.RECORD_RULES, e.g.
                                  truncated, reasoning_unclosed, repetition; or duplicate,
                                  near_duplicate, contaminated: the run-level findings of
@@ -325,7 +332,8 @@ def _check_target_outside(target: Path, run: RunInfo) -> None:
 
 def _write(sources: Sequence[Source], target: Path, options: ExportOptions) -> Sink:
     try:
-        with atomic_sink(target, options.format, options.trainer) as sink, paused_gc():
+        turns = any(source.turns for source in sources)
+        with atomic_sink(target, options.format, options.trainer, turns) as sink, paused_gc():
             if options.shuffle:
                 _export_shuffled(sources, sink, options.limit, options.seed)
             else:

@@ -3,10 +3,13 @@
     tokens rows        {"id", "dataset", "input_ids", "loss_mask"}: the prompt's ids then the
                        output's, loss_mask 0 over the prompt and 1 over the output. JSONL, or
                        Parquet (input_ids list<int32>, loss_mask list<int8>, one zstd row
-                       group per ROW_GROUP_ROWS rows)
+                       group per ROW_GROUP_ROWS rows). A row of a generated turn of a
+                       conversation (``turns: each``) also has ``turn`` (int) after ``id``,
+                       the conversation's; a Parquet file of a run with such a dataset has a
+                       ``turn`` column (int32, null for single-turn rows)
     conversations      {"id", "dataset", "conversations"[, "tools"]}, JSONL only
     --for TRAINER      {"input_ids", "loss_mask"} only, JSONL only; each row's id, lengths and
-                       digest are kept for the manifest written beside the file
+                       digest (and turn) are kept for the manifest written beside the file
 
 Rows are written to a temporary file beside the target and renamed over it at the end
 (:func:`atomic_sink`), so a failed export leaves the target as it was; temp files of the
@@ -16,6 +19,7 @@ target that a killed export left are removed first (:mod:`workbench.rundir.files
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +50,14 @@ class TokensLine(msgspec.Struct):
     loss_mask: list[int]
 
 
+class TurnTokensLine(msgspec.Struct):
+    id: str
+    turn: int
+    dataset: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
 class ConversationLine(msgspec.Struct, omit_defaults=True):
     id: str
     dataset: str
@@ -58,6 +70,7 @@ class Tokens(NamedTuple):
     dataset: str
     prompt_ids: list[int]
     output_ids: list[int]
+    turn: int | None = None  # the generated turn of the conversation `id` (turns: each)
 
 
 OutRow: TypeAlias = Tokens | ConversationLine
@@ -76,11 +89,12 @@ class JsonlSink:
         self._encode = msgspec.json.Encoder().encode
 
     def write(self, row: OutRow) -> None:
-        line: TokensLine | ConversationLine
+        line: TokensLine | TurnTokensLine | ConversationLine
         if isinstance(row, Tokens):
             prompt, output = row.prompt_ids, row.output_ids
-            line = TokensLine(row.id, row.dataset, prompt + output,
-                               [0] * len(prompt) + [1] * len(output))
+            mask = [0] * len(prompt) + [1] * len(output)
+            line = (TokensLine(row.id, row.dataset, prompt + output, mask) if row.turn is None
+                    else TurnTokensLine(row.id, row.turn, row.dataset, prompt + output, mask))
         else:
             line = row
         self._file.write(self._encode(line) + b"\n")
@@ -103,7 +117,7 @@ class TrainerSink(JsonlSink):
         line = TrainerLine(ids, [0] * len(row.prompt_ids) + [1] * len(row.output_ids))
         self._file.write(self._encode(line) + b"\n")
         self.entries.append(RowEntry(row.id, row.dataset, len(row.prompt_ids), len(ids),
-                                     row_digest(ids)))
+                                     row_digest(ids), row.turn))
 
 
 class TrainerLine(msgspec.Struct):
@@ -112,14 +126,17 @@ class TrainerLine(msgspec.Struct):
 
 
 class ParquetSink:
-    """Tokens rows in Parquet row groups of ROW_GROUP_ROWS rows (zstd-compressed)."""
+    """Tokens rows in Parquet row groups of ROW_GROUP_ROWS rows (zstd-compressed); with
+    `turns`, a ``turn`` column after ``id``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, turns: bool = False) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self._pa = pa
-        self._schema = pa.schema([("id", pa.string()), ("dataset", pa.string()),
+        self._turns = turns
+        turn = [("turn", pa.int32())] if turns else []
+        self._schema = pa.schema([("id", pa.string()), *turn, ("dataset", pa.string()),
                                   ("input_ids", pa.list_(pa.int32())),
                                   ("loss_mask", pa.list_(pa.int8()))])
         self._writer = pq.ParquetWriter(  # ids: zstd; dictionaries only where values repeat
@@ -128,7 +145,7 @@ class ParquetSink:
         self._rows: list[Tokens] = []
 
     def write(self, row: OutRow) -> None:
-        assert isinstance(row, Tokens)
+        assert isinstance(row, Tokens) and (self._turns or row.turn is None)
         self._rows.append(row)
         if len(self._rows) >= ROW_GROUP_ROWS:
             self._flush()
@@ -152,16 +169,19 @@ class ParquetSink:
         ids = pa.array(np.fromiter(flat, dtype=np.int32, count=len(flat)))
         mask = np.repeat(np.tile(np.array([0, 1], dtype=np.int8), len(rows)),
                          np.column_stack([prompt, output]).ravel())
+        turn = [pa.array([r.turn for r in rows], type=pa.int32())] if self._turns else []
         table = pa.Table.from_arrays(
-            [pa.array([r.id for r in rows]), pa.array([r.dataset for r in rows]),
+            [pa.array([r.id for r in rows]), *turn, pa.array([r.dataset for r in rows]),
              pa.ListArray.from_arrays(offsets, ids),
              pa.ListArray.from_arrays(offsets, pa.array(mask))],
             schema=self._schema)
         self._writer.write_table(table, row_group_size=len(rows))
 
 
-def sink_factory(target: Path, fmt: ExportFormat,
-                  trainer: str | None = None) -> Callable[[Path], Sink]:
+def sink_factory(target: Path, fmt: ExportFormat, trainer: str | None = None,
+                 turns: bool = False) -> Callable[[Path], Sink]:
+    """The sink type of target's file type (`turns`: the rows may be turns of
+    conversations, which a Parquet file gives a column)."""
     suffix = target.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         return TrainerSink if trainer else JsonlSink
@@ -172,16 +192,17 @@ def sink_factory(target: Path, fmt: ExportFormat,
         if fmt == "conversations":
             raise ConfigError("--to", "the conversations format writes JSONL (.jsonl); "
                                       "Parquet is for the tokens format")
-        return ParquetSink
+        return functools.partial(ParquetSink, turns=turns)
     known = ", ".join((*JSONL_SUFFIXES, *PARQUET_SUFFIXES))
     raise ConfigError("--to", f"unknown file type {suffix or '(none)'!r} of {target} "
                               f"(known: {known})")
 
 
 @contextlib.contextmanager
-def atomic_sink(target: Path, fmt: ExportFormat, trainer: str | None) -> Iterator[Sink]:
+def atomic_sink(target: Path, fmt: ExportFormat, trainer: str | None,
+                turns: bool = False) -> Iterator[Sink]:
     """A sink on a temporary file next to target, renamed over it only on success."""
-    make = sink_factory(target, fmt, trainer)
+    make = sink_factory(target, fmt, trainer, turns)
     if not target.parent.is_dir():
         raise ConfigError("--to", f"directory not found: {target.parent}")
     remove_stale_temps(target)

@@ -1,7 +1,9 @@
 """One dataset being exported: its records checked and turned into rows.
 
-A :class:`Source` holds a dataset's prompts (prompts.jsonl indexed by sample id, each
-prompt read back by byte offset when its record is), its filters (the per-record rules of
+A :class:`Source` holds a dataset's prompts (prompts.jsonl indexed by (sample_id, turn),
+each prompt read back by byte offset when its record is: a conversation regenerated turn by
+turn, ``turns: each``, has one prompt per turn, and each record of a turn is joined to its
+own), its filters (the per-record rules of
 ``ExportOptions.drop``), its tokenizer (for text prompts and conversations: the option's,
 else the one the run's manifest names) and its source messages (conversations), and counts
 what it writes and drops. Everything a format needs is loaded before any row is written
@@ -34,6 +36,7 @@ from workbench.export.options import DatasetExport, ExportOptions, SampleId
 from workbench.export.sinks import ConversationLine, OutRow, Tokens
 from workbench.profiles import ModelProfile
 from workbench.rundir.layout import DatasetDir
+from workbench.rundir.line_index import Key, key_text
 from workbench.rundir.reader import iter_blocks
 from workbench.rundir.records import LineProblem, PromptRecord, Row
 from workbench.rundir.run import RunInfo
@@ -83,7 +86,8 @@ _PROMPT_DECODER = msgspec.json.Decoder(PromptRecord)
 
 
 class _Prompts:
-    """prompts.jsonl indexed by sample_id; each prompt is read back when its record is."""
+    """prompts.jsonl indexed by (sample_id, turn); each prompt is read back when its record
+    is."""
 
     def __init__(self, path: Path) -> None:
         if not path.is_file():
@@ -93,11 +97,11 @@ class _Prompts:
         self.line_of = _index_prompts(path)
         self._lines = Lines(path)
 
-    def __contains__(self, sample_id: object) -> bool:
-        return sample_id in self.line_of
+    def __contains__(self, key: object) -> bool:
+        return key in self.line_of
 
-    def get(self, sample_id: SampleId) -> PromptRecord:
-        line = self.line_of[sample_id]
+    def get(self, key: Key) -> PromptRecord:
+        line = self.line_of[key]
         try:
             prompt = _PROMPT_DECODER.decode(self._lines.read(line))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -110,9 +114,10 @@ class _Prompts:
         self._lines.close()
 
 
-def _index_prompts(path: Path) -> dict[SampleId, int]:
-    """sample_id -> line of prompts.jsonl; DataError for a bad line or a repeated id."""
-    line_of: dict[SampleId, int] = {}
+def _index_prompts(path: Path) -> dict[Key, int]:
+    """(sample_id, turn) -> line of prompts.jsonl; DataError for a bad line or a repeated
+    key."""
+    line_of: dict[Key, int] = {}
     for block in iter_blocks(path):
         problem = min(block.problems, key=lambda p: p.line, default=None)
         for row in block.rows:
@@ -120,9 +125,10 @@ def _index_prompts(path: Path) -> dict[SampleId, int]:
                 break
             if row.sample_id is None:
                 raise DataError(path, "missing sample_id", row.line)
-            first = line_of.setdefault(row.sample_id, row.line)
+            key = (row.sample_id, row.turn)
+            first = line_of.setdefault(key, row.line)
             if first != row.line:
-                raise DataError(path, f"duplicate sample_id {row.sample_id!r} "
+                raise DataError(path, f"duplicate {key_text(*key)} "
                                       f"(first at line {first})", row.line)
         if problem is not None:
             raise DataError(path, f"{problem.kind} line: {problem.detail}", problem.line)
@@ -185,9 +191,11 @@ class Source:
         self.reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
         self.checker = RecordChecker(profile, reasoning=self.reasoning)
         self.drop = options.drop_rules()
-        self.flagged: dict[str, set[SampleId]] = {}  # a RUN_DROPS name -> the samples it drops
+        # a RUN_DROPS name -> the sample ids (every turn) and (sample id, turn) keys it drops
+        self.flagged: dict[str, set[SampleId | Key]] = {}
         self.stats = DatasetExport()
-        self.seen: set[SampleId] = set()
+        self.seen: set[Key] = set()
+        self.turns = ds.settings.get("turns") == "each" or _first_has_turn(ds.raw_path)
         self.tokenizer: Any = None
         self.messages: _Messages | None = None
         self.default_system: str | None | object = UNSET
@@ -213,27 +221,35 @@ class Source:
     def _verdict(self, row: Row, problems: Sequence[tuple[str, str]]) -> str | None:
         if row.sample_id is None or row.output_ids is None:
             return "missing_field"
-        if row.sample_id in self.seen:
+        key = (row.sample_id, row.turn)
+        if key in self.seen:
             return "duplicate_sample_id"
-        self.seen.add(row.sample_id)
-        if row.sample_id not in self.prompts:
+        self.seen.add(key)
+        if key not in self.prompts:
             return "orphan_response"
         failed = {rule for rule, _ in problems}
         return next((rule for rule in self.drop if rule in failed
-                     or row.sample_id in self.flagged.get(rule, ())), None)
+                     or self._flagged(rule, key)), None)
+
+    def _flagged(self, rule: str, key: Key) -> bool:
+        """Whether a run-level drop flags the record of key: its sample id, or its turn."""
+        flagged = self.flagged.get(rule, ())
+        return key[0] in flagged or (key[1] is not None and key in flagged)
 
     def render(self, row: Row) -> OutRow | str:
         """The output row of a kept record, or the reason it is dropped after all."""
         assert row.sample_id is not None and row.output_ids is not None
         row_id = f"{self.name}/{row.sample_id}"
-        prompt = self.prompts.get(row.sample_id)
+        prompt = self.prompts.get((row.sample_id, row.turn))
         if self.options.format == "conversations":
+            if row.turn is not None:
+                raise self._no_conversations()
             output = self._output(prompt.input_ids or [], row)
             return self._conversation(row_id, row.sample_id, prompt.input_ids or [], output)
         prompt_ids = self._prompt_ids(prompt, row)
         if prompt_ids is None:
             return "prompt_tokens_mismatch"
-        return Tokens(row_id, self.name, prompt_ids, self._output(prompt_ids, row))
+        return Tokens(row_id, self.name, prompt_ids, self._output(prompt_ids, row), row.turn)
 
     def _prompt_ids(self, prompt: PromptRecord, row: Row) -> list[int] | None:
         """The prompt's ids (text tokenized), None when they disagree with prompt_tokens."""
@@ -297,14 +313,33 @@ class Source:
             self.tokenizer = load_dataset_tokenizer(self.ds, self.run, self.options)
         return self.tokenizer
 
+    def _no_conversations(self) -> ConfigError:
+        return ConfigError("--format", f"conversations format of a turns: each dataset: "
+                                       f"{self.name} regenerates its conversations turn by "
+                                       "turn, which this format does not write yet (export "
+                                       "tokens, or leave it out with --only)")
+
     def prepare(self) -> None:
         """Load what the format needs (messages, tokenizer) before any row is written."""
+        if self.options.format == "conversations" and self.turns:
+            raise self._no_conversations()
         if self.options.format == "conversations":
             self.messages = open_messages(self.ds, self.run)
             self._tokenizer()
             self.stats.exact = 0
         elif self.ds.settings.get("input") == "text":
             self._tokenizer()
+
+
+def _first_has_turn(path: Path) -> bool:
+    """Whether the first record of raw file path has a turn (a conversation regenerated turn
+    by turn); False without one."""
+    if not path.is_file():
+        return False
+    for block in iter_blocks(path, block_bytes=READ_BLOCK_BYTES):
+        if block.rows:
+            return block.rows[0].turn is not None
+    return False
 
 
 def trim_prompt_suffix(prompt: list[int], output: list[int], completion: int | None) -> list[int]:

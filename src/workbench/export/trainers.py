@@ -69,13 +69,15 @@ TRAINERS: dict[str, Trainer] = {
 
 
 class RowEntry(NamedTuple):
-    """One written row: its id, dataset, prompt length, total length and ids digest."""
+    """One written row: its id, dataset, prompt length, total length and ids digest; and the
+    generated turn of the conversation `id` (None outside ``turns: each`` datasets)."""
 
     id: str
     dataset: str
     prompt: int
     total: int
     digest: str
+    turn: int | None = None
 
 
 def row_digest(ids: Sequence[int]) -> str:
@@ -151,7 +153,11 @@ def write_manifest(
     target: Path, report: TrainerReport, entries: Sequence[RowEntry],
     run: dict[str, Any], datasets: dict[str, dict[str, Any]],
 ) -> Path:
-    """`<target>.manifest.json` (written to a temporary name, then renamed)."""
+    """`<target>.manifest.json` (written to a temporary name, then renamed). Its rows name
+    a turn only when some row has one (a run with a ``turns: each`` dataset)."""
+    fields = RowEntry._fields
+    if all(entry.turn is None for entry in entries):
+        fields = fields[:-1]
     data = {
         "file": str(target.resolve()),
         "trainer": report.trainer,
@@ -161,8 +167,8 @@ def write_manifest(
         "command": report.command,
         "lengths": msgspec.to_builtins(report.lengths),
         "datasets": datasets,
-        "row_fields": list(RowEntry._fields),
-        "rows": [list(entry) for entry in entries],
+        "row_fields": list(fields),
+        "rows": [list(entry)[:len(fields)] for entry in entries],
     }
     head = json.dumps({k: v for k, v in data.items() if k != "rows"}, indent=2, ensure_ascii=False)
     rows = ",\n".join("  " + json.dumps(row, ensure_ascii=False) for row in data["rows"])

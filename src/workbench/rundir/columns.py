@@ -6,10 +6,11 @@ one :class:`Columns` entry per record (the token counts, finish reason, times, t
 split and the per-record rules failed: what every report figure needs), and a sparse index
 of block offsets to read chosen lines back without reading the file from its start.
 
-The scan is kept in ``<dataset>/.workbench-cache/scan-<key>.msgpack`` as an appended-file
-cache (:mod:`workbench.rundir.cache`): the next scan of a file that grew reads only the
-appended bytes. The key covers everything a figure depends on (model profile, vocabulary
-size, reasoning, examples kept).
+The scan is kept in ``<dataset>/.workbench-cache/scan-v<N>-<key>.msgpack`` as an
+appended-file cache (:mod:`workbench.rundir.cache`): the next scan of a file that grew reads
+only the appended bytes. The key covers everything a figure depends on (model profile,
+vocabulary size, reasoning, examples kept); ``N`` is :data:`COLUMNS_VERSION`, bumped when a
+column is added or changes meaning, so a scan kept by an older workbench is never read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import msgspec
 
 from workbench.rundir.cache import AppendedCache
 
-__all__ = ["SCAN_CACHE", "Columns", "FileScan", "Tally"]
+__all__ = ["COLUMNS_VERSION", "SCAN_CACHE", "Columns", "FileScan", "Tally"]
+
+COLUMNS_VERSION = 2  # 2: the turn and ended columns (records of turns: each datasets)
 
 SampleId = int | str
 
@@ -57,7 +60,9 @@ class Columns(msgspec.Struct):
     (share of the reply inside a repeated n-gram), ``special_ids`` (special ids counted by
     the special_heavy rule), ``digest`` (a hash of the ids: exact duplicates),
     ``signature`` (a MinHash signature: near duplicates) and ``overlap`` (a bit mask of the
-    benchmarks whose n-grams the reply holds; 0 when none were given).
+    benchmarks whose n-grams the reply holds; 0 when none were given). ``turn`` and
+    ``ended`` are a record's turn of its conversation and why the conversation ended after
+    it (None for a single-turn record; see :class:`workbench.rundir.records.Record`).
     """
 
     line: list[int] = msgspec.field(default_factory=list)
@@ -79,6 +84,8 @@ class Columns(msgspec.Struct):
     digest: list[int] = msgspec.field(default_factory=list)
     signature: list[bytes] = msgspec.field(default_factory=list)
     overlap: list[int] = msgspec.field(default_factory=list)
+    turn: list[int | None] = msgspec.field(default_factory=list)
+    ended: list[str | None] = msgspec.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.line)
@@ -132,5 +139,5 @@ class FileScan(msgspec.Struct):
         return offset, first
 
 
-SCAN_CACHE: AppendedCache[FileScan] = AppendedCache("scan", FileScan)
+SCAN_CACHE: AppendedCache[FileScan] = AppendedCache(f"scan-v{COLUMNS_VERSION}", FileScan)
 """The scan of each raw file, kept beside it (what :meth:`FileScan.kept` says)."""

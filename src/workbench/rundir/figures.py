@@ -15,7 +15,8 @@ of the benchmarks one of whose word n-grams it holds) goes to a second store,
 the tokenizer that reads the ids as words.
 
 The prompts' figures (digest and signature of each sample id's first prompt, ids or the
-normalised words of its text) and their overlaps are kept as appended caches of prompts.jsonl
+normalised words of its text; for a conversation regenerated turn by turn, its first turn's
+prompt, which every later turn's prompt holds) and their overlaps are kept as appended caches of prompts.jsonl
 (:func:`prompt_rows`, :mod:`workbench.rundir.cache`): generate computes them in a thread once it
 has written the file, before the replies come, so validate finds them ready.
 
@@ -419,8 +420,8 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
 
 def chosen_prompts(block: PromptContents, seen: set[SampleId]) -> list[int]:
     """The indexes of the block's prompts whose sample id is not in `seen` (added to it) and
-    that hold ids or a text: the first prompt of each sample id (unreadable lines are
-    validate's to tell)."""
+    that hold ids or a text: the first prompt of each sample id, a conversation's first
+    turn (unreadable lines are validate's to tell)."""
     chosen: list[int] = []
     for index, (sample_id, text, has_ids) in enumerate(
             zip(block.sample_ids, block.texts, block.has_ids, strict=True)):

@@ -1,5 +1,5 @@
-"""prompts.jsonl read fast: per line its sample id and the size of its prompt, or what the
-prompt says.
+"""prompts.jsonl read fast: per line its sample id (and turn) and the size of its prompt, or
+what the prompt says.
 
     iter_prompt_blocks    sample ids, problems and sizes, one PromptBlock per block: the one
                           read of prompts.jsonl (:mod:`workbench.rundir.prompt_scan`)
@@ -125,7 +125,7 @@ def _prompt_rows(chunk: Chunk, first_line: int) -> list[PromptRow] | None:
     counts = _span_items(chunk.data, spans)
     return [PromptRow(first_line + index, line_sample_id(item),
                       counts[array] if array >= 0 else None,
-                      None if item.text is None else len(item.text))
+                      None if item.text is None else len(item.text), item.turn)
             for index, (item, array) in enumerate(zip(items, arrays, strict=True))]
 
 
@@ -160,8 +160,9 @@ def _prompt_items(chunk: Chunk) -> tuple[list[_PromptLine], list[int], list[tupl
 class PromptContents(NamedTuple):
     """The prompts of the whole lines in file bytes [start_offset, end_offset): per line read
     as an object with a sample id, its line, sample id, text (None when it has none) and ids
-    (``ids[starts[i]:ends[i]]``; ``has_ids[i]`` False without an ``input_ids`` array).
-    ``next_line`` is the number of the line at end_offset."""
+    (``ids[starts[i]:ends[i]]``; ``has_ids[i]`` False without an ``input_ids`` array), and
+    its turn (None outside a conversation regenerated turn by turn). ``next_line`` is the
+    number of the line at end_offset."""
 
     lines: list[int]
     sample_ids: list[SampleId]
@@ -172,6 +173,7 @@ class PromptContents(NamedTuple):
     ends: Any
     end_offset: int
     next_line: int
+    turns: list[int | None]
 
 
 def iter_prompt_contents(
@@ -200,14 +202,14 @@ def iter_prompt_contents(
         line += lines
         yield PromptContents([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
                              [r[3] for r in rows], ids, ends - lengths, ends,
-                             chunk.offset + chunk.size, line)
+                             chunk.offset + chunk.size, line, [r[4] for r in rows])
 
 
-_ContentRows: TypeAlias = "list[tuple[int, SampleId, str | None, bool]]"
+_ContentRows: TypeAlias = "list[tuple[int, SampleId, str | None, bool, int | None]]"
 
 
 def _contents_at_once(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any, list[int]] | None:
-    """(line, sample id, text, has ids) per line, their ids and the count of each, from one
+    """(line, sample id, text, has ids, turn) per line, their ids and the count of each, from one
     decode call and one parse of the arrays' digits; None unless every line is clean."""
     found = _prompt_items(chunk)
     if found is None:
@@ -226,7 +228,7 @@ def _contents_at_once(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any,
             if count:
                 return None  # rare: its ids would have to be cut out of the parsed ones
             continue
-        rows.append((first_line + index, sample_id, item.text, array >= 0))
+        rows.append((first_line + index, sample_id, item.text, array >= 0, item.turn))
         per_row.append(count)
     return rows, ids, per_row
 
@@ -258,17 +260,20 @@ def _contents_by_line(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any,
     for line, text in numbered(split_lines(chunk), first_line):
         found = _prompt_content(text)
         if found is not None:
-            sample_id, prompt, ids = found
-            rows.append((line, sample_id, prompt, ids is not None))
+            sample_id, prompt, ids, turn = found
+            rows.append((line, sample_id, prompt, ids is not None, turn))
             lists.append(ids or [])
     counts = [len(ids) for ids in lists]
     flat = [min(max(i, -(1 << 63)), (1 << 63) - 1) for ids in lists for i in ids]
     return rows, np.asarray(flat, dtype=np.int64), counts
 
 
-def _prompt_content(text: bytes) -> tuple[SampleId, str | None, list[int] | None] | None:
-    """(sample id, text, input ids) of one line, or None: not a JSON object, no sample id, a
-    text that is not a string or input ids that are not a list of integers."""
+def _prompt_content(
+    text: bytes,
+) -> tuple[SampleId, str | None, list[int] | None, int | None] | None:
+    """(sample id, text, input ids, turn) of one line, or None: not a JSON object, no sample
+    id, a text that is not a string or input ids that are not a list of integers (a turn
+    that is not a non-negative integer reads as None)."""
     try:
         value = msgspec.json.decode(text)
     except (msgspec.DecodeError, RecursionError):
@@ -283,7 +288,9 @@ def _prompt_content(text: bytes) -> tuple[SampleId, str | None, list[int] | None
             or not (ids is None or isinstance(ids, list) and all(
                 isinstance(i, int) and not isinstance(i, bool) for i in ids))):
         return None
-    return sample_id, prompt, ids
+    turn = value.get("turn")
+    good_turn = isinstance(turn, int) and not isinstance(turn, bool) and turn >= 0
+    return sample_id, prompt, ids, turn if good_turn else None
 
 
 def _line_arrays(whole: bytes, spans: list[tuple[int, int]], lines: int) -> list[int] | None:
@@ -311,8 +318,8 @@ def _prompt_lines(chunk: Chunk, first_line: int) -> tuple[list[PromptRow], list[
     rows and problems exactly as :func:`iter_blocks` reads them, sizes from each row's line."""
     rows, problems, lines = decode_chunk(chunk, first_line, ROWS)
     texts = split_lines(chunk)
-    prompts = [PromptRow(row.line, row.sample_id, *_prompt_parts(texts[row.line - first_line]))
-               for row in rows]
+    prompts = [PromptRow(row.line, row.sample_id, *_prompt_parts(texts[row.line - first_line]),
+                         row.turn) for row in rows]
     return prompts, problems, lines
 
 

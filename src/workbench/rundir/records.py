@@ -214,6 +214,7 @@ class PromptRow(NamedTuple):
     sample_id: SampleId | None
     input_ids: int | None
     text_chars: int | None
+    turn: int | None = None  # the turn of its conversation (turns: each), as a Row's
 
 
 class PromptBlock(NamedTuple):
