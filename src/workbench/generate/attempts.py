@@ -32,26 +32,35 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from workbench.errors import ConnectionLost, RequestFailed, RequestTimeout
 from workbench.generate.concurrency import Slots
 from workbench.generate.context_fit import context_cut
+from workbench.generate.conversations import Conversations, Next
 from workbench.generate.feed import SendingDataset
 from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan
 from workbench.generate.prompts import Prompt
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.writer import RunWriter
-from workbench.rundir.records import ErrorRecord, Record
+from workbench.rundir.records import ErrorRecord, PromptRecord, Record
 from workbench.server.client import GenerateResult, SGLangClient, check_reply, redact_url
 from workbench.text import format_duration
 
 __all__ = ["MAX_CONNECTION_LOSSES", "Attempts"]
 
 MAX_CONNECTION_LOSSES = 20  # lost connections a prompt may take without spending attempts
+
+
+class _Followup(NamedTuple):
+    """A reply written (or held by the writer): `written` is set once its record is on
+    disk; `prompt` is its conversation's next turn, if any."""
+
+    prompt: Prompt | None
+    written: asyncio.Event
 
 
 class Attempts:
@@ -61,7 +70,7 @@ class Attempts:
 
     def __init__(self, client: SGLangClient, options: GenerateOptions, plan: Plan, slots: Slots,
                  writer: RunWriter, manifest: RunManifest, stop: asyncio.Event,
-                 done: Callable[[], None]) -> None:
+                 done: Callable[[], None], conversations: Conversations) -> None:
         self.client = client
         self.options = options
         self.plan = plan
@@ -75,6 +84,7 @@ class Attempts:
         self._done = done
         self._rng = random.Random(options.seed)
         self._aborts: set[asyncio.Task[bool]] = set()
+        self.conversations = conversations  # the turns: each datasets' conversations
 
     @property
     def stopping(self) -> bool:
@@ -86,7 +96,46 @@ class Attempts:
             await asyncio.wait(self._aborts, timeout=5.0)
 
     async def work(self, ds: SendingDataset, prompt: Prompt, long: bool) -> None:
-        """Send one prompt, retrying retryable failures; holds a slot only while a request runs."""
+        """Send one prompt, retrying retryable failures; holds a slot only while a request
+        runs. A conversation's turns go one after the other in this one task: the next turn
+        is sent once this one's record is on disk, ahead of new conversations for a slot."""
+        current: Prompt | None = prompt
+        while current is not None:
+            followup = await self._send(ds, current, long)
+            if followup is None or followup.prompt is None:
+                return
+            if not await self._on_disk(followup.written) or not await self._next_slot(
+                    ds, followup.prompt):
+                return
+            current = followup.prompt
+            long = current.prompt_tokens > self.options.long_threshold
+
+    async def _on_disk(self, written: asyncio.Event) -> bool:
+        """Whether the record is on disk (waiting while the writer holds it), not stopping."""
+        if not written.is_set():
+            await self.writer.wait()
+        return written.is_set() and not self.stopping
+
+    async def _next_slot(self, ds: SendingDataset, prompt: Prompt) -> bool:
+        """A slot for a conversation's next turn (ahead of new conversations), its prompt
+        line written; False when the run stops or the dataset's budget is reached."""
+        if ds.progress.budget_reached:
+            return False
+        long = prompt.prompt_tokens > self.options.long_threshold
+        await self.slots.acquire(long, first=True)
+        if self.stopping or ds.progress.budget_reached:
+            self.slots.release(long)
+            return False
+        ds.progress.in_flight += 1
+        ds.budget.start(prompt.sample_id, time.perf_counter())
+        assert ds.prompts is not None
+        self.writer.write(ds.prompts, PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
+                                                   turn=prompt.turn))
+        return True
+
+    async def _send(self, ds: SendingDataset, prompt: Prompt, long: bool) -> _Followup | None:
+        """One prompt until its record is written or it failed for good (the slot held on
+        entry is released on the way out); what follows it in its conversation, if any."""
         holding = True
         settled = False  # recorded, or failed for good; else dropped by a stop
         fitted: int | None = None  # max_new_tokens cut to fit the context (once: context_fit)
@@ -100,18 +149,19 @@ class Attempts:
                     if cut is None and not lost_last:  # after a lost connection the gate waited
                         await self._sleep_unless_stopped(self._backoff(spent))
                     if self.stopping:
-                        return
+                        return None
                     await self.slots.acquire(long)
                     holding = True
                 assert self.gate is not None
                 await self.gate.wait()
                 await self.writer.wait()
                 if self.stopping:
-                    return
-                error = await self._attempt(ds, prompt, attempt, fitted)
-                if error is None:
+                    return None
+                outcome = await self._attempt(ds, prompt, attempt, fitted)
+                if not isinstance(outcome, RequestFailed):
                     settled = True
-                    return
+                    return outcome
+                error = outcome
                 self.slots.release(long)
                 holding = False
                 cut = None if fitted is not None else context_cut(
@@ -124,11 +174,11 @@ class Attempts:
                 else:
                     spent += 1
                 if (not error.retryable and cut is None) or spent == self.options.max_attempts:
-                    ds.progress.failed_ids += 1
-                    ds.progress.failed_samples.append(prompt.sample_id)
+                    self._failed_for_good(ds, prompt)
                     settled = True
-                    return
+                    return None
                 self.retries += 1
+            return None
         finally:
             ds.progress.in_flight -= 1
             self.dropped += not settled
@@ -136,6 +186,14 @@ class Attempts:
             if holding:
                 self.slots.release(long)
             self._done()
+
+    def _failed_for_good(self, ds: SendingDataset, prompt: Prompt) -> None:
+        """The prompt failed for good: counted; a conversation ends at that turn (sent again
+        from it on resume)."""
+        ds.progress.failed_ids += 1
+        ds.progress.failed_samples.append(prompt.sample_id)
+        if prompt.turn is not None:
+            ds.progress.target -= max(0, self.conversations.failed(ds.planned.spec, prompt) - 1)
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -156,7 +214,7 @@ class Attempts:
         return payload
 
     async def _attempt(self, ds: SendingDataset, prompt: Prompt, attempt: int,
-                       max_new_tokens: int | None = None) -> RequestFailed | None:
+                       max_new_tokens: int | None = None) -> RequestFailed | _Followup:
         payload = self._payload(ds, prompt, attempt, max_new_tokens)
         try:
             result = await self._generate(payload)
@@ -167,8 +225,7 @@ class Attempts:
         except asyncio.CancelledError:
             self._abort_later(payload["rid"])  # cut by a stop: the server stops generating it
             raise
-        self._record(ds, prompt, result, max_new_tokens)
-        return None
+        return self._record(ds, prompt, result, max_new_tokens)
 
     async def _generate(self, payload: dict[str, Any]) -> GenerateResult:
         """One reply within the request timeout, counted from the request's start whatever
@@ -193,7 +250,8 @@ class Attempts:
                         exc: RequestFailed) -> None:
         error = ErrorRecord(sample_id=prompt.sample_id, attempt=attempt,
                             error_type=exc.error_type, http_status=exc.http_status,
-                            message=str(exc)[:1000], ts=time.time())
+                            message=str(exc)[:1000], ts=time.time(),
+                            turn=msgspec.UNSET if prompt.turn is None else prompt.turn)
         self.writer.write(ds.errors, error, on_written=ds.progress.count_error)
         if isinstance(exc, ConnectionLost) and self.gate is not None:
             self.gate.close()
@@ -205,11 +263,19 @@ class Attempts:
         return base * self._rng.uniform(0.5, 1.5)
 
     def _record(self, ds: SendingDataset, prompt: Prompt, result: GenerateResult,
-                reduced: int | None = None) -> None:
+                reduced: int | None = None) -> _Followup:
         """Write the reply's record (`reduced`: the max_new_tokens cut to fit the context);
-        it counts as done once it is on disk. A prompt sent as ids whose reply counts other
-        prompt_tokens was cut or changed by the server: counted in `prompt_mismatches`, and
-        told as a `prompt_mismatch` event at the 1st, 2nd, 4th, 8th, ... one of a dataset."""
+        it counts as done once it is on disk (`written` is set then). A turn of a
+        conversation gets what follows it (:mod:`workbench.generate.conversations`) before
+        its record is written: the record says why the conversation ends, if it does. A
+        prompt sent as ids whose reply counts other prompt_tokens was cut or changed by the
+        server: counted in `prompt_mismatches`, and told as a `prompt_mismatch` event at the
+        1st, 2nd, 4th, 8th, ... one of a dataset."""
+        following = Next(None)
+        if prompt.turn is not None:
+            following = self.conversations.follow(ds.planned.spec, prompt, result.output_ids,
+                                                  result.finish_reason)
+            ds.progress.target -= following.dropped
         record = Record(
             sample_id=prompt.sample_id, output_ids=result.output_ids,
             prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
@@ -218,6 +284,8 @@ class Attempts:
             num_retractions=(msgspec.UNSET if result.num_retractions is None
                              else result.num_retractions),
             max_new_tokens_reduced=msgspec.UNSET if reduced is None else reduced,
+            turn=msgspec.UNSET if prompt.turn is None else prompt.turn,
+            ended=msgspec.UNSET if following.ended is None else following.ended,
         )
         if prompt.input_ids is not None and result.prompt_tokens != len(prompt.input_ids):
             self._prompt_mismatch(ds, prompt.sample_id, len(prompt.input_ids),
@@ -225,12 +293,15 @@ class Attempts:
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
         tokens = result.completion_tokens
+        written = asyncio.Event()
 
-        def written() -> None:
+        def on_written() -> None:
             ds.progress.count_done(tokens)
             ds.figures.add(record.output_ids)
+            written.set()
 
-        self.writer.write(ds.raw, record, on_written=written)
+        self.writer.write(ds.raw, record, on_written=on_written)
+        return _Followup(following.prompt, written)
 
     def _prompt_mismatch(self, ds: SendingDataset, sample_id: int | str, sent: int,
                          counted: int) -> None:

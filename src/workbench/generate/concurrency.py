@@ -95,10 +95,15 @@ class Limiter:
         self._limit = max(1, limit)
         self._wake()
 
-    async def acquire(self) -> None:
+    async def acquire(self, first: bool = False) -> None:
+        """A slot; `first` waits ahead of every other waiter (the next turn of a
+        conversation goes before a new conversation)."""
         while self.in_use >= self._limit:
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            if first:
+                self._waiters.appendleft(waiter)
+            else:
+                self._waiters.append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -341,12 +346,13 @@ class Slots:
         """The steering task (auto), started; None for a fixed cap."""
         return None if self.steering is None else asyncio.create_task(self.steering.run())
 
-    async def acquire(self, long: bool) -> None:
-        """One slot (and a long one for a long prompt); nothing held when cancelled."""
+    async def acquire(self, long: bool, first: bool = False) -> None:
+        """One slot (and a long one for a long prompt); nothing held when cancelled. `first`
+        goes ahead of the other waiters (a conversation's next turn)."""
         if long:
             await self._long.acquire()
         try:
-            await self.limiter.acquire()
+            await self.limiter.acquire(first)
         except BaseException:
             if long:
                 self._long.release()

@@ -104,7 +104,8 @@ class Runner:
                                      self.on_event, watchdog if watchdog.enabled else None,
                                      on_watchdog)
         self._attempts = Attempts(client, options, self.plan, self.slots, self.writer,
-                                  self._manifest, self._stop, lambda: self._feeder.wake())
+                                  self._manifest, self._stop, lambda: self._feeder.wake(),
+                                  self.plan.conversations)
         self._feeder = Feeder(self.datasets, self.slots, options, self._stop, self._attempts.work)
         self.watchdog = (Watchdog(watchdog, self._workers.read, self._run_counts,
                                   client.health, self._manifest.watchdog_saw)
@@ -154,7 +155,8 @@ class Runner:
                                      decontaminate=self._decontaminate)
             self.datasets[planned.spec.name] = SendingDataset(
                 planned, JsonlAppender(folder.raw_path), JsonlAppender(folder.errors_path),
-                BudgetProjection(planned.sampling.max_new_tokens), figures)
+                BudgetProjection(planned.sampling.max_new_tokens), figures,
+                JsonlAppender(folder.prompts_path) if planned.spec.turns == "each" else None)
         self._prompt_figures = PromptFigureKeeper(  # for validate, while the replies come
             [ds.planned.folder.prompts_path for ds in self.datasets.values()], self._decontaminate)
         self._manifest.server = ServerFacts(redact_url(self.client.base_url),

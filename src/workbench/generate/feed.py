@@ -49,6 +49,7 @@ class SendingDataset:
     errors: JsonlAppender
     budget: BudgetProjection
     figures: FigureAppender  # the replies' data-quality figures, kept for validate
+    prompts: JsonlAppender | None = None  # a turns: each dataset's later turns, as sent
 
     @property
     def name(self) -> str:
@@ -62,6 +63,8 @@ class SendingDataset:
         self.raw.close()
         self.errors.close()
         self.figures.close()
+        if self.prompts is not None:
+            self.prompts.close()
 
 
 Work = Callable[[SendingDataset, Prompt, bool], Coroutine[Any, Any, None]]

@@ -35,14 +35,17 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
+from workbench.chat import generation_points
 from workbench.config import DatasetSpec, Manifest, Sampling
 from workbench.errors import ConfigError, DataError, ResumeMismatch
+from workbench.generate.conversations import Conversations
 from workbench.generate.dedup import (
     Deduper,
     Skipped,
@@ -55,11 +58,13 @@ from workbench.generate.progress import DatasetProgress
 from workbench.generate.prompts import Prompt, load_prompts
 from workbench.generate.resume import (
     DatasetResume,
+    TurnResume,
     check_settings,
     conflict_message,
     prompt_line,
     read_resume,
 )
+from workbench.generate.turn_resume import read_turn_resume
 from workbench.profiles import ModelProfile, get_profile
 from workbench.rundir.appender import move_lines_aside, repair_torn_tail
 from workbench.rundir.files import (
@@ -176,16 +181,54 @@ def _on_file(path: Path, work: Callable[..., T], *args: Any) -> T:
         raise storage_error(exc.filename or path, exc) from None
 
 
-def _write_prompts(folder: DatasetDir, prompts: list[Prompt], state: DatasetResume) -> None:
+def _write_prompts(folder: DatasetDir, prompts: list[Prompt], pending: list[Prompt],
+                   state: DatasetResume) -> None:
     """prompts.jsonl of this run, written whole; left as it is when it holds just that (a
     resume then needs no room for a second copy). StorageError naming it when it cannot be
     written."""
     path = folder.prompts_path
+
+    def lines() -> Iterator[bytes]:
+        if state.turns is None:
+            return _prompt_lines(folder, prompts, state)
+        return _turn_prompt_lines(folder, prompts, pending, state.turns)
+
     try:
-        if not same_content(path, _prompt_lines(folder, prompts, state)):
-            write_lines_atomic(path, _prompt_lines(folder, prompts, state))
+        if not same_content(path, lines()):
+            write_lines_atomic(path, lines())
     except OSError as exc:
         raise storage_error(path, exc) from None
+
+
+def _turn_prompt_lines(folder: DatasetDir, prompts: list[Prompt], pending: list[Prompt],
+                       turns: TurnResume) -> Iterator[bytes]:
+    """prompts.jsonl of a turns: each dataset: per conversation (file order) the lines of its
+    finished turns as they were sent, then its next turn's when it is pending; then the
+    finished turns of conversations this run does not send."""
+    going_on = {p.sample_id: p for p in pending}
+    with span_reader(folder.prompts_path) if turns.spans else nullcontext(None) as read:
+        for prompt in prompts:
+            for span in turns.spans.get(prompt.sample_id, ()):
+                yield read(span)
+            if prompt.sample_id in going_on:
+                yield prompt_line(going_on[prompt.sample_id])
+        ours = {p.sample_id for p in prompts}
+        for sample_id, spans in turns.spans.items():
+            if sample_id not in ours:
+                yield from map(read, spans)
+
+
+def _count_turns(progress: DatasetProgress, prompts: list[Prompt], pending: list[Prompt],
+                 turns: TurnResume) -> None:
+    """A turns: each dataset counts turns: those finished, and as its target those plus
+    the turns its pending conversations ask for (lowered as conversations end early)."""
+    ours = {p.sample_id for p in prompts}
+    progress.turns = True
+    progress.done = sum(n for sample_id, n in turns.turns.items() if sample_id in ours)
+    progress.completion_tokens = sum(n for sample_id, n in turns.tokens.items()
+                                     if sample_id in ours)
+    progress.target = progress.done + sum(
+        generation_points(p.chat, "each") - (p.turn or 0) for p in pending if p.chat is not None)
 
 
 def _prompt_lines(folder: DatasetDir, prompts: list[Prompt],
@@ -224,6 +267,8 @@ class Plan:
         self.previous: dict[str, Any] = {}
         self.datasets: dict[str, PlannedDataset] = {}
         self.vocab_size: int | None = None  # the model profile's: replies are checked against it
+        # The conversations of turns: each datasets, across sessions (turn_resume) and turns.
+        self.conversations = Conversations(get_profile(manifest.model_profile))
         self._resumes: dict[str, DatasetResume] = {}
         self._loaded: list[tuple[DatasetSpec, Sampling, list[Prompt]]] = []
         # Datasets read only to find duplicates (earlier in the manifest than a selected one
@@ -307,7 +352,9 @@ class Plan:
             cap = limit(spec.max_samples, self.options.max_samples)
             complete = self._whole_file(spec) or cap is None or len(prompts) < cap
             try:
-                self._resumes[spec.name] = read_resume(folder, prompts, complete)
+                self._resumes[spec.name] = (
+                    read_turn_resume(folder, spec, prompts, complete, self.conversations)
+                    if spec.turns == "each" else read_resume(folder, prompts, complete))
             except OSError as exc:
                 raise DataError(exc.filename or folder.folder,
                                 f"cannot read: {exc.strerror or exc}") from None
@@ -406,7 +453,9 @@ class Plan:
                       state: DatasetResume, drawn: _Drawn) -> PlannedDataset:
         """The dataset's prompts.jsonl and skipped.jsonl written, its counters set."""
         prompts, pending, skipped = drawn
-        _write_prompts(folder, prompts, state)
+        if state.turns is not None:  # conversations an earlier session started go on
+            pending = [state.turns.next.get(p.sample_id, p) for p in pending]
+        _write_prompts(folder, prompts, pending, state)
         _on_file(folder.skipped_path, write_skipped, folder, skipped)
         self._say_dedup(spec, folder, skipped)
         progress = DatasetProgress(
@@ -414,6 +463,8 @@ class Plan:
             max_tokens=limit(spec.max_tokens, self.options.max_tokens_per_dataset),
             done=sum(1 for p in prompts if p.sample_id in state.done),
             completion_tokens=sum(state.done.values()))
+        if state.turns is not None:
+            _count_turns(progress, prompts, pending, state.turns)
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped)
 
     def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped]) -> None:
@@ -446,6 +497,8 @@ class Plan:
             for sample_id in forced:
                 state.done.pop(sample_id, None)
                 state.sent.pop(sample_id, None)
+                if state.turns is not None:
+                    state.turns.forget(sample_id)
         moved = _on_file(raw, move_lines_aside, raw, moves)
         if state.rejected:
             self.say(f"[{name}] {len(state.rejected)} lines are no finished record (unreadable, a "

@@ -39,6 +39,7 @@ class DatasetProgress:
     budget_closed: bool = False  # nothing in flight and not even one more request fits
     times: RecordTimes = field(default_factory=RecordTimes)  # this run's records: the rates
     prompt_mismatches: int = 0  # replies whose prompt_tokens are not the ids sent (this run)
+    turns: bool = False  # a turns: each dataset: done and target count turns, not prompts
 
     def count_done(self, tokens: int, ts: float | None = None) -> None:
         """A reply's record is on disk, with `tokens` completion tokens (written at wall
@@ -128,12 +129,13 @@ class RunSummary:
 
 def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
     """`[B1_glaive] 428/10000 (0 err) 1.1 req/s avg_comp=217tok 238 tok/s ETA=2.4h` at wall
-    time `now` (the rates: :meth:`DatasetProgress.rates`; `-` while there are none)."""
+    time `now` (`428/10000 turns` for a turns: each dataset) (the rates: :meth:`DatasetProgress.rates`; `-` while there are none)."""
     rates = p.rates(now)
     avg = p.completion_tokens / p.done if p.done else 0.0
     req = "-" if rates.records_per_s is None else f"{rates.records_per_s:.1f}"
     tok = "-" if rates.tokens_per_s is None else f"{rates.tokens_per_s:.0f}"
-    line = f"[{p.name}] {p.done}/{p.target} ({p.errors} err) {req} req/s avg_comp={avg:.0f}tok {tok} tok/s"
+    unit = " turns" if p.turns else ""
+    line = f"[{p.name}] {p.done}/{p.target}{unit} ({p.errors} err) {req} req/s avg_comp={avg:.0f}tok {tok} tok/s"
     if p.finished is not None or p.budget_reached:
         return line + (" budget reached" if p.budget_reached else " done")
     return line + f" ETA={format_duration(p.eta_seconds(now))}"

@@ -37,9 +37,25 @@ from workbench.rundir.manifest import dataset_entries, manifest_path
 from workbench.rundir.reader import iter_blocks
 from workbench.rundir.records import PromptRecord, SampleId, encode_line, is_finished
 
-__all__ = ["DatasetResume", "check_settings", "conflict_message", "prompt_line", "read_resume"]
+__all__ = ["DatasetResume", "TurnResume", "check_settings", "conflict_message", "prompt_line",
+           "read_resume", "same_prompt"]
 
 _PROMPT = msgspec.json.Decoder(PromptRecord)
+
+
+@dataclass(slots=True)
+class TurnResume:
+    """A turns dataset's conversations as an earlier session left them."""
+
+    next: dict[SampleId, Prompt] = field(default_factory=dict)  # started: their next turn
+    spans: dict[SampleId, list[LineSpan]] = field(default_factory=dict)  # finished turns' lines
+    turns: dict[SampleId, int] = field(default_factory=dict)  # finished turns per conversation
+    tokens: dict[SampleId, int] = field(default_factory=dict)  # their completion tokens
+
+    def forget(self, sample_id: SampleId) -> None:
+        """The conversation starts again from turn 0 (its records moved aside)."""
+        for kept in (self.next, self.spans, self.turns, self.tokens):
+            kept.pop(sample_id, None)
 
 
 @dataclass(slots=True)
@@ -52,6 +68,7 @@ class DatasetResume:
     sent: dict[SampleId, LineSpan] = field(default_factory=dict)  # prompts.jsonl lines
     changed: list[SampleId] = field(default_factory=list)
     removed: list[SampleId] = field(default_factory=list)
+    turns: TurnResume | None = None  # a turns: each dataset's conversations (turn_resume)
 
     @property
     def conflicts(self) -> list[SampleId]:
@@ -66,7 +83,7 @@ class DatasetResume:
 def prompt_line(prompt: Prompt) -> bytes:
     """The prompts.jsonl line of a prompt as sent."""
     return encode_line(PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
-                                    text=prompt.text))
+                                    text=prompt.text, turn=prompt.turn))
 
 
 def read_resume(folder: DatasetDir, prompts: list[Prompt], complete: bool) -> DatasetResume:
@@ -110,11 +127,11 @@ def _compare(path: Path, state: DatasetResume, prompts: list[Prompt], complete: 
             if prompt is None:
                 if complete:
                     state.removed.append(sample_id)
-            elif not _same(read(span), prompt_line(prompt)):
+            elif not same_prompt(read(span), prompt_line(prompt)):
                 state.changed.append(sample_id)
 
 
-def _same(sent: bytes, built: bytes) -> bool:
+def same_prompt(sent: bytes, built: bytes) -> bool:
     """Whether two prompts.jsonl lines hold the same prompt (the same bytes, or the same
     values written another way)."""
     if sent.rstrip(b"\r\n") == built.rstrip(b"\n"):
@@ -123,7 +140,7 @@ def _same(sent: bytes, built: bytes) -> bool:
         old, new = _PROMPT.decode(sent), _PROMPT.decode(built)
     except msgspec.DecodeError:
         return False
-    return (old.input_ids, old.text) == (new.input_ids, new.text)
+    return (old.input_ids, old.text, old.turn) == (new.input_ids, new.text, new.turn)
 
 
 def conflict_message(name: str, state: DatasetResume, source: str) -> str:

@@ -1,0 +1,152 @@
+"""Conversations regenerated turn by turn (`turns: each`): every assistant turn against the
+model's own earlier turns, one record per turn, a kill mid-conversation resumed at its next turn."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from conftest import EXAMPLES, jsonl, wait_until, workbench, write_manifest
+
+from workbench.chat import assistant_message, parse_reply
+from workbench.profiles import get_profile
+from workbench.server.launch import ServerProcess
+from workbench.tokenizer import decode, encode_messages, load_tokenizer
+
+WORDS = ["the", "city", "sends", "a", "special", "service", "after", "that", "current", "order", "the", "company", "includes", "a", "bad", "team", "now"]
+USERS = 3
+
+
+def chat_rows(folder: Path, count: int, seed: int = 5) -> Path:
+    """Rows of a system message and USERS user turns, each answered by the data."""
+    rng = random.Random(seed)
+    path = folder / "chats.jsonl"
+    with open(path, "w") as out:
+        for i in range(count):
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "you are kind"}]
+            for _ in range(USERS):
+                messages.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=12))})
+                messages.append({"role": "assistant", "content": "the data answer"})
+            out.write(json.dumps({"sample_id": i, "messages": messages}) + "\n")
+    return path
+
+
+def expected_prompt(row: dict[str, Any], replies: list[list[int]], tokenizer: Any) -> list[int]:
+    """Turn len(replies)'s prompt as serving renders it: the row's messages up to that turn,
+    the data's answers replaced by the model's own replies."""
+    profile = get_profile("kimi-k2.5")
+    history: list[dict[str, Any]] = []
+    answered = 0
+    for message in row["messages"]:
+        if message["role"] != "assistant":
+            history.append(message)
+            continue
+        if answered == len(replies):
+            break
+        reply = parse_reply(replies[answered], profile, lambda ids: decode(tokenizer, ids))
+        history.append(assistant_message(reply))
+        answered += 1
+    return encode_messages(tokenizer, history, {"thinking": True})
+
+
+def by_key(lines: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(line["sample_id"], line["turn"]): line for line in lines}
+
+
+def check_turns(records: list[dict[str, Any]], conversations: int) -> None:
+    """Every (sample_id, turn) once; each conversation's turns 0..j-1 without a gap, all
+    USERS of them unless its last one says why it ended (a turn cut at max_new_tokens)."""
+    keys = Counter((r["sample_id"], r["turn"]) for r in records)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+    last = {r["sample_id"]: r for r in sorted(records, key=lambda r: r["turn"])}
+    assert set(last) == set(range(conversations))
+    for sample_id, record in last.items():
+        turns = record["turn"] + 1
+        assert {k for (i, k) in keys if i == sample_id} == set(range(turns))
+        if turns < USERS:
+            assert record["ended"] == "truncated" and record["finish_reason"] == "length"
+        else:
+            assert "ended" not in record
+    assert all("ended" not in r for r in records if r is not last[r["sample_id"]])
+
+
+def test_each_turn_is_generated_against_the_models_own_turns(
+        tmp_path: Path, shared_sim: ServerProcess) -> None:
+    rows = chat_rows(tmp_path, 6)
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
+                                          "turns": "each", "chat_template_kwargs": {"thinking": True}}])
+    done = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                     "--out", str(tmp_path / "out"), "--progress-interval", "30")
+    assert done.returncode == 0, done.stderr
+    records = jsonl(tmp_path / "out" / "chat" / "raw_responses.jsonl")
+    prompts = by_key(jsonl(tmp_path / "out" / "chat" / "prompts.jsonl"))
+    check_turns(records, 6)
+    assert set(prompts) == {(r["sample_id"], r["turn"]) for r in records}
+    tokenizer = load_tokenizer(EXAMPLES / "tokenizer")
+    data = {row["sample_id"]: row for row in jsonl(rows)}
+    replies = {(r["sample_id"], r["turn"]): r["output_ids"] for r in records}
+    for (sample_id, turn), line in prompts.items():
+        own = [replies[sample_id, k] for k in range(turn)]
+        assert line["input_ids"] == expected_prompt(data[sample_id], own, tokenizer), (sample_id, turn)
+    for record in records:  # the server counted the prompt it was sent
+        assert record["prompt_tokens"] == len(prompts[record["sample_id"], record["turn"]]["input_ids"])
+
+
+def lines_in(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
+    wait_until(lambda: lines_in(path) >= count or proc.poll() is not None, 300,
+               f"{count} records in {path}")
+
+
+def test_a_kill_mid_conversation_resumes_at_its_next_turn(
+        tmp_path: Path, start_sim: Any) -> None:
+    server = start_sim(speed=0.3)
+    rows = chat_rows(tmp_path, 40, seed=9)
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
+                                          "turns": "each"}])
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "workbench", "generate", "--datasets", str(manifest),
+            "--server", server.url, "--out", str(out), "--concurrency", "8"]
+    raw = out / "chat" / "raw_responses.jsonl"
+    kept: dict[tuple[int, int], bytes] = {}
+    midway = 0  # conversations a kill left between two turns
+    for target in (15, 45):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_lines(raw, target, proc)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finished = {(r["sample_id"], r["turn"]) for r in jsonl(raw)}
+        last = {r["sample_id"]: r for r in sorted(jsonl(raw), key=lambda r: r["turn"])}
+        midway += sum(1 for r in last.values() if r["turn"] < USERS - 1 and "ended" not in r)
+        for line in (out / "chat" / "prompts.jsonl").read_bytes().splitlines(keepends=True):
+            key = json.loads(line)
+            if (key["sample_id"], key["turn"]) in finished:
+                kept.setdefault((key["sample_id"], key["turn"]), line)
+    assert 0 < len(finished) < 120 and midway > 0, "the kills should land mid-conversation"
+    final = workbench(*argv[3:])
+    assert final.returncode == 0, final.stderr
+    records = jsonl(raw)
+    check_turns(records, 40)
+    after = {}
+    for line in (out / "chat" / "prompts.jsonl").read_bytes().splitlines(keepends=True):
+        key = json.loads(line)
+        after[key["sample_id"], key["turn"]] = line
+    assert set(after) == {(r["sample_id"], r["turn"]) for r in records}
+    assert all(after[key] == line for key, line in kept.items())  # byte for byte
+    tokenizer = load_tokenizer(EXAMPLES / "tokenizer")
+    data = {row["sample_id"]: row for row in jsonl(rows)}
+    replies = {(r["sample_id"], r["turn"]): r["output_ids"] for r in records}
+    for (sample_id, turn), line in after.items():
+        own = [replies[sample_id, k] for k in range(turn)]
+        assert json.loads(line)["input_ids"] == expected_prompt(data[sample_id], own, tokenizer)
