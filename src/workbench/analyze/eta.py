@@ -40,8 +40,12 @@ class Target(NamedTuple):
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any], prompt_lines: int | None) -> Target:
-        """From the dataset's run.json entry, else the lines of its prompts.jsonl."""
+        """From the dataset's run.json entry (`target_turns` for a turns: each dataset, else
+        its prompts capped by max_samples), else the lines of its prompts.jsonl."""
         counts = [entry.get("prompts"), entry.get("max_samples")]
+        turns = entry.get("target_turns")  # turns: each: records are turns, not prompts
+        if isinstance(turns, int) and not isinstance(turns, bool):
+            counts = [turns]
         known = [int(c) for c in counts if isinstance(c, int) and not isinstance(c, bool)]
         records = min(known) if known else prompt_lines
         budget = entry.get("max_tokens")

@@ -96,6 +96,7 @@ class Runner:
         self._stop = asyncio.Event()
         self.serving_gpus: int | None = None  # what the servers' /server_info say
         self._written_limit: int | None = None
+        self._written_targets: list[int] = []  # the turns datasets' targets run.json holds
         self._gate: Gate | None = None
         self._prompt_figures: PromptFigureKeeper | None = None
         self._decontaminate: sketch.Decontamination | None = None  # the overlaps kept as written
@@ -280,9 +281,13 @@ class Runner:
         while True:
             await asyncio.sleep(self.options.progress_interval)
             self._emit_progress()
-            if self._manifest.server is not None and self.concurrency != self._written_limit:
+            targets = [ds.progress.target for ds in self.datasets.values() if ds.progress.turns]
+            if self._manifest.server is not None and (self.concurrency != self._written_limit
+                                                      or targets != self._written_targets):
                 self._written_limit = self.concurrency
-                self._manifest.update()  # the concurrency's history, for the monitor
+                self._written_targets = targets
+                self._manifest.update()  # the concurrency's history, for the monitor; the
+                # turns the conversations still ask for, for stats
 
     def _emit_progress(self) -> None:
         if self.on_progress is not None:

@@ -91,6 +91,11 @@ def dataset_record(plan: Plan, ds: PlannedDataset) -> dict[str, Any]:
         "context_fit_min_tokens": (spec.min_generation_tokens()
                                    if spec.context_fit == "reduce_generation" else None),
         "dedup": dedup_record(spec.dedup_mode(), plan.manifest.dedup_threshold, ds.skipped),
+        "turns": spec.turns or "last",
+        "tools_field": spec.tools_field,
+        # turns: each: the turns its conversations ask for, less those of conversations that
+        # ended early (stats' target; the prompts are its conversations)
+        "target_turns": ds.progress.target if ds.progress.turns else None,
     }
 
 
