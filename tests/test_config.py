@@ -146,8 +146,11 @@ def test_home_is_expanded(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_demo_manifest_loads() -> None:
     manifest = load_manifest(ROOT / "params" / "datasets.demo.yaml")
-    assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok"]
-    glaive, code, pretok = manifest.datasets
+    assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok",
+                                                     "B4_tool_turns"]
+    glaive, code, pretok, tool_turns = manifest.datasets
+    assert (tool_turns.turns, tool_turns.input, tool_turns.render) == ("each", "messages",
+                                                                       "tokenizer")
     assert glaive.chat_template_kwargs == {"thinking": True}
     assert code.max_tokens == 20000
     assert manifest.sampling_for(code).max_new_tokens == 2048
@@ -246,7 +249,7 @@ BAD_VALUES = [
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, context_fit, "
         "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, name, order, "
-        "path, sampling, tokenizer, tools_field, trust_remote_code, turns)",
+        "path, render, sampling, tokenizer, tools_field, trust_remote_code, turns)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),
     (lambda d: d.update(sampling=[1]), "sampling: expected mapping, got list"),

@@ -39,6 +39,7 @@ __all__ = [
     "InputMode",
     "Manifest",
     "Sampling",
+    "Render",
     "SamplingOverride",
     "Turns",
     "key_lines",
@@ -56,6 +57,10 @@ CHAT_INPUTS = ("messages", "conversations")  # the input modes rendered with a c
 # Which assistant turns of a conversation are generated: the last one (after the row's
 # history), or each one in order against the model's own earlier turns (workbench.chat).
 Turns = Literal["last", "each"]
+# Whose rendering of a conversation a chat dataset's prompts follow: the tokenizer's chat
+# template on the client (sent to /generate as ids), or the server's (sent to
+# /v1/chat/completions as messages: what a deployment behind that endpoint feeds the model).
+Render = Literal["tokenizer", "server"]
 Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
 # What a request refused because prompt + max_new_tokens exceed the context becomes: a failed
 # prompt, or sent again once with max_new_tokens cut to fit (workbench.generate.context_fit).
@@ -145,6 +150,7 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     dedup: _DedupSetting | None = None  # None: the manifest's
     turns: Turns | None = None  # None: the manifest's
     tools_field: str = "tools"  # the row's tool schemas (chat inputs), passed as `tools`
+    render: Render = "tokenizer"  # chat inputs: whose rendering of the history is sent
 
     def dedup_mode(self) -> DedupMode:
         """The dataset's dedup mode ("off" for a spec that sets none)."""
@@ -563,6 +569,9 @@ def _resolve_dataset(
     if ds.chat_template_kwargs and ds.input not in CHAT_INPUTS:
         raise ConfigError(f"{key}.chat_template_kwargs",
                           "only applies to input 'messages' or 'conversations'", source)
+    if ds.render == "server" and ds.input not in CHAT_INPUTS:
+        raise ConfigError(f"{key}.render", "server only applies to input 'messages' or "
+                          "'conversations'", source)
     if ds.turns == "each" and ds.input not in CHAT_INPUTS:
         raise ConfigError(f"{key}.turns", "each only applies to input 'messages' or "
                           "'conversations'", source)

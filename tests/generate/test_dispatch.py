@@ -86,6 +86,8 @@ class Server:
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path in ("/server_info", "/model_info"):
             return httpx.Response(200, json={"model_path": "sim/kimi", "version": "test"})
+        if request.url.path != "/generate":  # e.g. a chat dataset's rendering asked once
+            return httpx.Response(404, json={"detail": "Not Found"})
         self.calls += 1
         number = self.calls
         long = len(json.loads(request.content)["input_ids"]) > 100

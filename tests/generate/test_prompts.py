@@ -198,7 +198,8 @@ def test_a_tool_row_renders_its_tools_without_the_last_answer(tmp_path: Path) ->
     chat = parse_messages(TOOL_MESSAGES, [WEATHER])
     expected = encode_messages(load_tokenizer(TOKENIZER), last_turn_messages(chat),
                                {"thinking": True}, tools=[WEATHER_TOOL])
-    assert prompt == Prompt(0, expected, None, len(expected))
+    assert prompt == Prompt(0, expected, None, len(expected), messages=last_turn_messages(chat),
+                            tools=[WEATHER_TOOL])
     text = decoded(prompt.input_ids)
     assert text.startswith("<|im_system|> tool_declare <|im_middle|>")
     assert "<|tool_call_begin|> functions . get_weather : 0 <|tool_call_argument_begin|>" in text
@@ -224,7 +225,8 @@ def test_turns_each_sends_turn_zero_and_keeps_the_conversation(tmp_path: Path) -
     chat = parse_conversations(TOOL_CONVERSATIONS, [WEATHER])
     expected = encode_messages(load_tokenizer(TOKENIZER), chat.messages[:1], {},
                                tools=[WEATHER_TOOL])
-    assert prompt == Prompt("a", expected, None, len(expected), chat=chat, turn=0)
+    assert prompt == Prompt("a", expected, None, len(expected), chat=chat, turn=0,
+                            messages=chat.messages[:1], tools=[WEATHER_TOOL])
     path = write_jsonl(tmp_path / "q.jsonl", [
         {"sample_id": 0, "messages": [{"role": "user", "content": "x"}]},
         {"sample_id": 1, "messages": [{"role": "system", "content": "be brief"}]}])

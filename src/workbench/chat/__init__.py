@@ -24,6 +24,7 @@ from workbench.chat.turns import (
     END_REASONS,
     Ended,
     generation_points,
+    history_digest,
     last_turn_messages,
     next_turn,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ToolCall",
     "assistant_message",
     "generation_points",
+    "history_digest",
     "last_turn_messages",
     "next_turn",
     "parse_conversations",

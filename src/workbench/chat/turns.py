@@ -19,8 +19,11 @@ END_REASONS.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+import msgspec
 
 from workbench.chat.replies import Reply, ToolCall, assistant_message
 from workbench.chat.rows import ChatRow
@@ -29,6 +32,7 @@ __all__ = [
     "END_REASONS",
     "Ended",
     "generation_points",
+    "history_digest",
     "last_turn_messages",
     "next_turn",
 ]
@@ -187,3 +191,12 @@ def _result_names(results: list[Message], data_calls: list[Message]) -> list[str
 
 def _listed(names: Sequence[str | None]) -> str:
     return ", ".join(name or "an unnamed tool" for name in names)
+
+
+def history_digest(messages: Sequence[Message], tools: Sequence[Message] | None,
+                   kwargs: Mapping[str, Any]) -> str:
+    """A short digest of what a server renders a turn from (its messages, tools and chat
+    template arguments): the same history gives the same digest, whatever the key order."""
+    body = msgspec.json.encode({"messages": messages, "tools": tools, "kwargs": kwargs},
+                               order="sorted")
+    return hashlib.sha256(body).hexdigest()[:16]

@@ -44,6 +44,8 @@ from workbench.generate.feed import SendingDataset
 from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan
 from workbench.generate.prompts import Prompt
+from workbench.generate.rendering import chat_payload
+from workbench.generate.resume import sent_line
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.writer import RunWriter
 from workbench.rundir.records import ErrorRecord, PromptRecord, Record
@@ -128,9 +130,11 @@ class Attempts:
             return False
         ds.progress.in_flight += 1
         ds.budget.start(prompt.sample_id, time.perf_counter())
-        assert ds.prompts is not None
-        self.writer.write(ds.prompts, PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
-                                                   turn=prompt.turn))
+        if ds.planned.spec.render != "server":  # else written with its reply
+            assert ds.prompts is not None
+            self.writer.write(ds.prompts, PromptRecord(prompt.sample_id,
+                                                       input_ids=prompt.input_ids,
+                                                       turn=prompt.turn))
         return True
 
     async def _send(self, ds: SendingDataset, prompt: Prompt, long: bool) -> _Followup | None:
@@ -201,10 +205,15 @@ class Attempts:
 
     def _payload(self, ds: SendingDataset, prompt: Prompt, attempt: int,
                  max_new_tokens: int | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "sampling_params": ds.planned.sampling.to_sglang(),
-            "rid": f"{ds.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}",
-        }
+        """The request: /generate's, or /v1/chat/completions' for a prompt the server
+        renders (:mod:`workbench.generate.rendering`)."""
+        rid = f"{ds.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}"
+        if ds.planned.spec.render == "server":
+            assert self.manifest.server is not None
+            return chat_payload(ds.planned.spec, ds.planned.sampling, prompt, rid,
+                                self.manifest.server.model, max_new_tokens)
+        payload: dict[str, Any] = {"sampling_params": ds.planned.sampling.to_sglang(),
+                                   "rid": rid}
         if max_new_tokens is not None:  # cut to fit the context (context_fit)
             payload["sampling_params"]["max_new_tokens"] = max_new_tokens
         if prompt.input_ids is not None:
@@ -217,7 +226,7 @@ class Attempts:
                        max_new_tokens: int | None = None) -> RequestFailed | _Followup:
         payload = self._payload(ds, prompt, attempt, max_new_tokens)
         try:
-            result = await self._generate(payload)
+            result, server_ids = await self._generate(payload, ds.planned.spec.render == "server")
             check_reply(result, self.plan.vocab_size, self.client.base_url)
         except RequestFailed as exc:
             self._failed_attempt(ds, prompt, attempt, exc)
@@ -225,15 +234,19 @@ class Attempts:
         except asyncio.CancelledError:
             self._abort_later(payload["rid"])  # cut by a stop: the server stops generating it
             raise
-        return self._record(ds, prompt, result, max_new_tokens)
+        return self._record(ds, prompt, result, max_new_tokens, server_ids)
 
-    async def _generate(self, payload: dict[str, Any]) -> GenerateResult:
+    async def _generate(self, payload: dict[str, Any],
+                        chat: bool) -> tuple[GenerateResult, list[int] | None]:
         """One reply within the request timeout, counted from the request's start whatever
-        the bytes do meanwhile; past it, a RequestTimeout (and the request aborted)."""
+        the bytes do meanwhile; past it, a RequestTimeout (and the request aborted). With
+        `chat`, through /v1/chat/completions: the prompt ids the server rendered too."""
         deadline = self.options.request_timeout
         try:
             async with asyncio.timeout(deadline):
-                return await self.client.generate(payload)
+                if chat:
+                    return await self.client.chat_generate(payload)
+                return await self.client.generate(payload), None
         except TimeoutError:
             self._abort_later(payload["rid"])
             raise RequestTimeout(f"no whole reply within the request timeout of "
@@ -263,7 +276,7 @@ class Attempts:
         return base * self._rng.uniform(0.5, 1.5)
 
     def _record(self, ds: SendingDataset, prompt: Prompt, result: GenerateResult,
-                reduced: int | None = None) -> _Followup:
+                reduced: int | None = None, server_ids: list[int] | None = None) -> _Followup:
         """Write the reply's record (`reduced`: the max_new_tokens cut to fit the context);
         it counts as done once it is on disk (`written` is set then). A turn of a
         conversation gets what follows it (:mod:`workbench.generate.conversations`) before
@@ -287,9 +300,11 @@ class Attempts:
             turn=msgspec.UNSET if prompt.turn is None else prompt.turn,
             ended=msgspec.UNSET if following.ended is None else following.ended,
         )
-        if prompt.input_ids is not None and result.prompt_tokens != len(prompt.input_ids):
-            self._prompt_mismatch(ds, prompt.sample_id, len(prompt.input_ids),
-                                  result.prompt_tokens)
+        sent = server_ids if server_ids is not None else prompt.input_ids
+        if sent is not None and result.prompt_tokens != len(sent):
+            self._prompt_mismatch(ds, prompt.sample_id, len(sent), result.prompt_tokens)
+        if server_ids is not None:  # the server rendered it: its ids are the prompt kept
+            self._server_rendered(ds, prompt, server_ids)
         ds.budget.finish(prompt.sample_id, time.perf_counter(), result.completion_tokens)
         self.slots.finished(result.completion_tokens)
         tokens = result.completion_tokens
@@ -302,6 +317,16 @@ class Attempts:
 
         self.writer.write(ds.raw, record, on_written=on_written)
         return _Followup(following.prompt, written)
+
+    def _server_rendered(self, ds: SendingDataset, prompt: Prompt, server_ids: list[int]) -> None:
+        """The prompts.jsonl line of a prompt the server rendered (before its record), and
+        its rendering compared with the tokenizer's (the first difference said)."""
+        assert ds.prompts is not None and ds.planned.rendering is not None
+        self.writer.write(ds.prompts, sent_line(prompt, server_ids))
+        message = ds.planned.rendering.add(prompt, server_ids)
+        if message is not None:
+            self.manifest.add_event({"ts": round(time.time(), 3), "kind": "rendering",
+                                     "dataset": ds.name, "message": message})
 
     def _prompt_mismatch(self, ds: SendingDataset, sample_id: int | str, sent: int,
                          counted: int) -> None:

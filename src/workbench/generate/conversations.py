@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from workbench.chat import ChatRow, Ended, Reply, generation_points, next_turn, parse_reply
+from workbench.chat import (
+    ChatRow,
+    Ended,
+    Reply,
+    generation_points,
+    history_digest,
+    next_turn,
+    parse_reply,
+)
 from workbench.config import DatasetSpec
 from workbench.errors import DataError
 from workbench.generate.prompts import Prompt
@@ -82,7 +90,10 @@ class TurnRenderer:
         except (TemplateError, ValueError, TypeError) as exc:
             raise DataError(self.spec.path, f"sample_id {sample_id!r}, turn {turn}: the chat "
                                             f"template failed: {exc}") from None
-        return Prompt(sample_id, ids, None, len(ids), chat=row, turn=turn)
+        digest = (history_digest(messages, row.tools, self.spec.chat_template_kwargs)
+                  if self.spec.render == "server" else None)
+        return Prompt(sample_id, ids, None, len(ids), chat=row, turn=turn, messages=messages,
+                      tools=row.tools, digest=digest)
 
     def after(self, row: ChatRow, replies: Sequence[Reply],
               finishes: Sequence[str]) -> list[dict[str, Any]] | Ended | None:

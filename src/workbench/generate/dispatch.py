@@ -48,6 +48,7 @@ from workbench.generate.feed import Feeder, SendingDataset
 from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan, ServerFacts, model_name
 from workbench.generate.progress import DatasetProgress, RunSummary
+from workbench.generate.rendering import probe_rendering
 from workbench.generate.prompts import Prompt
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.servers import Workers, server_gate
@@ -157,13 +158,27 @@ class Runner:
             self.datasets[planned.spec.name] = SendingDataset(
                 planned, JsonlAppender(folder.raw_path), JsonlAppender(folder.errors_path),
                 BudgetProjection(planned.sampling.max_new_tokens), figures,
-                JsonlAppender(folder.prompts_path) if planned.spec.turns == "each" else None)
+                JsonlAppender(folder.prompts_path)
+                if planned.spec.turns == "each" or planned.spec.render == "server" else None)
         self._prompt_figures = PromptFigureKeeper(  # for validate, while the replies come
             [ds.planned.folder.prompts_path for ds in self.datasets.values()], self._decontaminate)
         self._manifest.server = ServerFacts(redact_url(self.client.base_url),
                                             model_name(server_info, model_info), server_info,
                                             model_info)
         self._manifest.write()
+
+    async def probe_renderings(self) -> None:
+        """For each chat dataset whose data follows the tokenizer's rendering, ask the server
+        once how it renders the first prompt left and say whether the two differ
+        (:mod:`workbench.generate.rendering`); kept in run.json."""
+        assert self._manifest.server is not None
+        for ds in self.datasets.values():
+            check = ds.planned.rendering
+            if check is None or check.follows != "tokenizer" or not ds.planned.pending:
+                continue
+            await probe_rendering(self.client, ds.planned.spec, ds.planned.pending[0],
+                                  self._manifest.server.model, check, self.on_event)
+        self._manifest.update()
 
     # ----------------------------------------------------------------- running
     def request_stop(self) -> None:

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 
 from workbench.chat import generation_points
-from workbench.config import DatasetSpec, Manifest, Sampling
+from workbench.config import CHAT_INPUTS, DatasetSpec, Manifest, Sampling
 from workbench.errors import ConfigError, DataError, ResumeMismatch
 from workbench.generate.conversations import Conversations
 from workbench.generate.dedup import (
@@ -56,6 +56,7 @@ from workbench.generate.dedup import (
 )
 from workbench.generate.progress import DatasetProgress
 from workbench.generate.prompts import Prompt, load_prompts
+from workbench.generate.rendering import RenderingCheck
 from workbench.generate.resume import (
     DatasetResume,
     TurnResume,
@@ -141,6 +142,7 @@ class PlannedDataset:
     pending: list[Prompt]
     progress: DatasetProgress
     skipped: list[Skipped] = field(default_factory=list)
+    rendering: RenderingCheck | None = None  # a chat dataset's renderings compared
 
 
 class _Drawn(NamedTuple):
@@ -210,8 +212,9 @@ def _turn_prompt_lines(folder: DatasetDir, prompts: list[Prompt], pending: list[
         for prompt in prompts:
             for span in turns.spans.get(prompt.sample_id, ()):
                 yield read(span)
-            if prompt.sample_id in going_on:
-                yield prompt_line(going_on[prompt.sample_id])
+            following = going_on.get(prompt.sample_id)
+            if following is not None and following.digest is None:  # server's: when sent
+                yield prompt_line(following)
         ours = {p.sample_id for p in prompts}
         for sample_id, spans in turns.spans.items():
             if sample_id not in ours:
@@ -234,14 +237,18 @@ def _count_turns(progress: DatasetProgress, prompts: list[Prompt], pending: list
 def _prompt_lines(folder: DatasetDir, prompts: list[Prompt],
                   state: DatasetResume) -> Iterator[bytes]:
     """prompts.jsonl of this run: its prompts in file order, each finished sample's as it was
-    sent (its old line), then the old lines of finished samples this run does not send."""
+    sent (its old line), then the old lines of finished samples this run does not send. A
+    prompt the server renders (``render: server``) is written when its reply comes."""
     if not state.sent:
-        yield from map(prompt_line, prompts)
+        yield from (prompt_line(p) for p in prompts if p.digest is None)
         return
     with span_reader(folder.prompts_path) as read:
         for prompt in prompts:
             span = state.sent.get(prompt.sample_id) if prompt.sample_id in state.done else None
-            yield prompt_line(prompt) if span is None else read(span)
+            if span is not None:
+                yield read(span)
+            elif prompt.digest is None:  # a prompt the server renders: written when sent
+                yield prompt_line(prompt)
         ours = {p.sample_id for p in prompts}
         for sample_id in state.done:
             span = state.sent.get(sample_id)
@@ -465,7 +472,10 @@ class Plan:
             completion_tokens=sum(state.done.values()))
         if state.turns is not None:
             _count_turns(progress, prompts, pending, state.turns)
-        return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped)
+        rendering = (RenderingCheck(spec.name, spec.render) if spec.input in CHAT_INPUTS
+                     else None)
+        return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped,
+                              rendering)
 
     def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped]) -> None:
         """What dedup skips of the dataset, and a mode changed since the earlier session."""

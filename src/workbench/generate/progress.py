@@ -52,6 +52,11 @@ class DatasetProgress:
         if self.done >= self.target and self.finished is None:
             self.finished = time.perf_counter()
 
+    @property
+    def counts(self) -> str:
+        """`428/10000`, or `428/10000 turns` for a turns: each dataset."""
+        return f"{self.done}/{self.target}" + (" turns" if self.turns else "")
+
     def count_error(self) -> None:
         """A failed attempt's line is on disk."""
         self.errors += 1
@@ -134,8 +139,7 @@ def format_progress_line(p: DatasetProgress, now: float | None = None) -> str:
     avg = p.completion_tokens / p.done if p.done else 0.0
     req = "-" if rates.records_per_s is None else f"{rates.records_per_s:.1f}"
     tok = "-" if rates.tokens_per_s is None else f"{rates.tokens_per_s:.0f}"
-    unit = " turns" if p.turns else ""
-    line = f"[{p.name}] {p.done}/{p.target}{unit} ({p.errors} err) {req} req/s avg_comp={avg:.0f}tok {tok} tok/s"
+    line = f"[{p.name}] {p.counts} ({p.errors} err) {req} req/s avg_comp={avg:.0f}tok {tok} tok/s"
     if p.finished is not None or p.budget_reached:
         return line + (" budget reached" if p.budget_reached else " done")
     return line + f" ETA={format_duration(p.eta_seconds(now))}"

@@ -37,6 +37,7 @@ import msgspec
 from workbench.chat import (
     ChatRow,
     RowError,
+    history_digest,
     last_turn_messages,
     next_turn,
     parse_conversations,
@@ -59,7 +60,10 @@ class Prompt(msgspec.Struct):
     `prompt_tokens` is len(input_ids), or for text an estimate (`estimate_text_tokens`); the
     runner uses it only to send long prompts under the long-prompt concurrency limit. For a
     dataset with ``turns: each``, `chat` is the row's conversation and `turn` the turn the
-    prompt asks for (0 here); both are None otherwise.
+    prompt asks for (0 here); both are None otherwise. For a chat dataset, `messages` and
+    `tools` are the history `input_ids` render (what a server renders for ``render: server``,
+    or is asked to render once to compare); `digest` is ``history_digest`` of it for
+    ``render: server`` (what prompts.jsonl keeps of it, as the server's ids are kept).
     """
 
     sample_id: int | str
@@ -68,6 +72,9 @@ class Prompt(msgspec.Struct):
     prompt_tokens: int
     chat: ChatRow | None = None
     turn: int | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    digest: str | None = None  # render: server: history_digest of messages, tools, kwargs
 
 
 class _Row(msgspec.Struct):
@@ -156,6 +163,7 @@ class _PromptMaker:
         self.profile = profile
         self.template_kwargs = spec.chat_template_kwargs
         self.each_turn = spec.turns == "each"  # None (a spec no manifest wrote): last
+        self.server_renders = spec.render == "server"  # the history is sent as messages
         self.tools_field = spec.tools_field
         self.tokenizer: Any = None
         if spec.input in CHAT_INPUTS:
@@ -186,17 +194,18 @@ class _PromptMaker:
 
     def _chat_prompt(self, sample_id: int | str, chat: ChatRow, row: _Row) -> Prompt:
         """The prompt of turns: last (the row's history), or turn 0 of turns: each."""
-        if not self.each_turn:
-            ids = self._encode(last_turn_messages(chat), chat.tools, row)
-            _check_ids(ids, row, self.profile, self.mode)
-            return Prompt(sample_id, ids, None, len(ids))
-        history = next_turn(chat, [])
+        history = last_turn_messages(chat) if not self.each_turn else next_turn(chat, [])
         if not isinstance(history, list):
             raise row.error(f"{self.mode}: no turn to generate (turns: each needs an assistant "
                             "message, or a user or tool message last)")
         ids = self._encode(history, chat.tools, row)
         _check_ids(ids, row, self.profile, self.mode)
-        return Prompt(sample_id, ids, None, len(ids), chat=chat, turn=0)
+        server = self.server_renders
+        return Prompt(sample_id, ids, None, len(ids),
+                      chat=chat if self.each_turn else None, turn=0 if self.each_turn else None,
+                      messages=history, tools=chat.tools,
+                      digest=(history_digest(history, chat.tools, self.template_kwargs)
+                              if server else None))
 
     def _encode(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, row: _Row

@@ -38,7 +38,7 @@ from workbench.rundir.reader import iter_blocks
 from workbench.rundir.records import PromptRecord, SampleId, encode_line, is_finished
 
 __all__ = ["DatasetResume", "TurnResume", "check_settings", "conflict_message", "prompt_line",
-           "read_resume", "same_prompt"]
+           "read_resume", "same_prompt", "sent_line"]
 
 _PROMPT = msgspec.json.Decoder(PromptRecord)
 
@@ -83,7 +83,14 @@ class DatasetResume:
 def prompt_line(prompt: Prompt) -> bytes:
     """The prompts.jsonl line of a prompt as sent."""
     return encode_line(PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
-                                    text=prompt.text, turn=prompt.turn))
+                                    text=prompt.text, turn=prompt.turn, history=prompt.digest))
+
+
+def sent_line(prompt: Prompt, server_ids: list[int]) -> PromptRecord:
+    """The prompts.jsonl line of a prompt the server rendered: the ids it rendered, the
+    digest of the history it rendered them from."""
+    return PromptRecord(prompt.sample_id, input_ids=server_ids, turn=prompt.turn,
+                        history=prompt.digest)
 
 
 def read_resume(folder: DatasetDir, prompts: list[Prompt], complete: bool) -> DatasetResume:
@@ -133,13 +140,15 @@ def _compare(path: Path, state: DatasetResume, prompts: list[Prompt], complete: 
 
 def same_prompt(sent: bytes, built: bytes) -> bool:
     """Whether two prompts.jsonl lines hold the same prompt (the same bytes, or the same
-    values written another way)."""
+    values written another way; for a prompt the server rendered, the same history)."""
     if sent.rstrip(b"\r\n") == built.rstrip(b"\n"):
         return True
     try:
         old, new = _PROMPT.decode(sent), _PROMPT.decode(built)
     except msgspec.DecodeError:
         return False
+    if old.history is not None or new.history is not None:  # rendered by the server
+        return (old.history, old.turn) == (new.history, new.turn)
     return (old.input_ids, old.text, old.turn) == (new.input_ids, new.text, new.turn)
 
 

@@ -96,6 +96,8 @@ def dataset_record(plan: Plan, ds: PlannedDataset) -> dict[str, Any]:
         # turns: each: the turns its conversations ask for, less those of conversations that
         # ended early (stats' target; the prompts are its conversations)
         "target_turns": ds.progress.target if ds.progress.turns else None,
+        "render": spec.render,
+        "rendering": None if ds.rendering is None else ds.rendering.record(),
     }
 
 

@@ -126,6 +126,7 @@ async def run_generation(
         raise storage_error(out, exc) from None
     with hold_run_lock(out):  # held while writing: a second writer is refused, the monitor sees it
         runner.open(server_info, model_info)
+        await runner.probe_renderings()
         if on_start is not None:
             on_start(runner)
         return await runner.run()

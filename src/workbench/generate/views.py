@@ -94,7 +94,7 @@ class LineView:
 
     def start(self, runner: Runner) -> None:
         self.say_resume(runner)
-        names = ", ".join(f"{p.name} ({p.done}/{p.target} done)" for p in runner.progress())
+        names = ", ".join(f"{p.name} ({p.counts} done)" for p in runner.progress())
         self.say(f"generating {names}")
         self.say(RATES_NOTE)
 
@@ -198,7 +198,7 @@ def summary_lines(summary: RunSummary, out: Path, resume_command: str) -> list[s
               f"retries; output in {out}")]
     for p in summary.datasets.values():
         extra = f", budget {p.max_tokens} tokens (overshoot {p.overshoot})" if p.max_tokens else ""
-        lines.append(f"  {p.name}: {p.done}/{p.target} done ({p.done_this_run} this run), "
+        lines.append(f"  {p.name}: {p.counts} done ({p.done_this_run} this run), "
                      f"{p.failed_ids} failed, {p.errors} errors, {p.completion_tokens} completion "
                      f"tokens{extra}")
     lines.append(cost_line(summary))

@@ -113,6 +113,9 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     input_ids: list[int] | None = None
     text: str | None = None
     turn: int | None = None
+    # A prompt the server rendered (a dataset's `render: server`): a digest of the history it
+    # rendered it from (workbench.chat.history_digest), what a resume compares.
+    history: str | None = None
 
 
 _encoder = msgspec.json.Encoder()

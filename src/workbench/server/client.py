@@ -111,6 +111,23 @@ class Reply(msgspec.Struct):
 _reply_decoder = msgspec.json.Decoder(Reply)
 
 
+class _ChatChoice(msgspec.Struct):
+    """The parts of a /v1/chat/completions choice a rendered-by-the-server prompt needs
+    (``return_token_ids`` and ``return_meta_info``)."""
+
+    prompt_token_ids: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
+    response_token_ids: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
+    meta_info: MetaInfo | None = None
+
+
+class _ChatReply(msgspec.Struct):
+    choices: list[_ChatChoice]
+
+
+_chat_decoder = msgspec.json.Decoder(_ChatReply)
+CHAT_PATH = "/v1/chat/completions"
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateResult:
     """One finished generation, as read from SGLang's reply."""
@@ -497,6 +514,29 @@ class SGLangClient:
             return parse_generate_reply(self._json(response, "/generate"), self._url("/generate"),
                                         elapsed=timer.elapsed())
         return _result_from_reply(reply, self._url("/generate"), timer.elapsed())
+
+    async def chat_generate(self, payload: Mapping[str, Any]) -> tuple[GenerateResult, list[int]]:
+        """POST /v1/chat/completions for one conversation, non-streaming, with
+        ``return_token_ids`` and ``return_meta_info`` set: the generation as /generate gives it
+        and the prompt ids the server rendered. A reply without them (an older server, another
+        engine) is a ProtocolError; aborts and HTTP errors raise."""
+        timer = _Timer()
+        url = self._url(CHAT_PATH)
+        response = await self._request("POST", CHAT_PATH, content=_encoder.encode(payload),
+                                       headers=_JSON_HEADERS)
+        try:
+            reply = _chat_decoder.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"reply is not a chat completion: {exc}", url) from None
+        choice = reply.choices[0] if reply.choices else _ChatChoice()
+        if (choice.prompt_token_ids is None or choice.response_token_ids is None
+                or choice.meta_info is None):
+            raise ProtocolError("the chat completion has no prompt_token_ids, "
+                                "response_token_ids and meta_info (the server must take "
+                                "return_token_ids and return_meta_info: SGLang 0.5.23 does)", url)
+        generated = _result_from_reply(Reply(choice.meta_info, choice.response_token_ids), url,
+                                       timer.elapsed())
+        return generated, choice.prompt_token_ids
 
     async def generate_json(self, payload: Mapping[str, Any]) -> Any:
         """POST /generate, its reply as decoded JSON: for the fields a GenerateResult leaves
