@@ -25,7 +25,7 @@ from workbench.tune import run_demo_sweep
 
 __all__ = ["DEMO_SIM_ARGS", "run_demo", "start_simulator"]
 
-# The simulator's fast profile, slowed down so the three example datasets take about half a minute
+# The simulator's fast profile, slowed down so the four example datasets take about half a minute
 # and their progress can be watched.
 DEMO_SIM_ARGS: dict[str, Any] = {"profile": "fast", "speed": 0.2, "enable_metrics": True, "random_seed": 0}
 

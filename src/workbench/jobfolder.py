@@ -67,7 +67,7 @@ _SERVER = f"http://127.0.0.1:{TRY_PORT}"
 
 # The try manifest's opening comment, in place of the packaged demo manifest's.
 _TRY_HEADER = f"""\
-# Dataset manifest to try the workbench on the simulator: three small datasets from
+# Dataset manifest to try the workbench on the simulator: four small datasets from
 # ../examples/ (copies of the workbench's example data, with a tiny tokenizer), run from the
 # job folder (README.md, "Try it now on the simulator"):
 #
