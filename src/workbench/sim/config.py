@@ -35,6 +35,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     tokenizer_path: str | None = None
     served_model_name: str | None = None
     reasoning_parser: str | None = None
+    trust_request_chat_template: bool = False
     stream_interval: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"
@@ -227,6 +228,12 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         "--reasoning-parser",
         default=None,
         help="split reasoning_content in /v1/chat/completions (e.g. kimi_k2, qwen3)",
+    )
+    add(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a chat request bring its own template (chat_template_kwargs.chat_template); "
+        "without it such a request is a 400, as on SGLang",
     )
     add(
         "--stream-interval",
