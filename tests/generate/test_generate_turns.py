@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 from conftest import EXAMPLES, jsonl, wait_until, workbench, write_manifest
 
 from workbench.chat import assistant_message, parse_reply
@@ -37,9 +39,10 @@ def chat_rows(folder: Path, count: int, seed: int = 5) -> Path:
     return path
 
 
-def expected_prompt(row: dict[str, Any], replies: list[list[int]], tokenizer: Any) -> list[int]:
-    """Turn len(replies)'s prompt as serving renders it: the row's messages up to that turn,
-    the data's answers replaced by the model's own replies."""
+def expected_history(row: dict[str, Any], replies: list[list[int]],
+                     tokenizer: Any) -> list[dict[str, Any]]:
+    """Turn len(replies)'s history: the row's messages up to that turn, the data's answers
+    replaced by the model's own replies."""
     profile = get_profile("kimi-k2.5")
     history: list[dict[str, Any]] = []
     answered = 0
@@ -52,7 +55,21 @@ def expected_prompt(row: dict[str, Any], replies: list[list[int]], tokenizer: An
         reply = parse_reply(replies[answered], profile, lambda ids: decode(tokenizer, ids))
         history.append(assistant_message(reply))
         answered += 1
-    return encode_messages(tokenizer, history, {"thinking": True})
+    return history
+
+
+def expected_prompt(row: dict[str, Any], replies: list[list[int]], tokenizer: Any) -> list[int]:
+    """Turn len(replies)'s prompt as the tokenizer's chat template renders its history."""
+    return encode_messages(tokenizer, expected_history(row, replies, tokenizer), {"thinking": True})
+
+
+def server_prompt(url: str, history: list[dict[str, Any]]) -> list[int]:
+    """The prompt ids the server renders for a history (one token generated)."""
+    reply = httpx.post(f"{url}/v1/chat/completions", json={
+        "messages": history, "max_tokens": 1, "return_prompt_token_ids": True}, timeout=60)
+    reply.raise_for_status()
+    ids: list[int] = reply.json()["choices"][0]["prompt_token_ids"]
+    return ids
 
 
 def by_key(lines: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
@@ -107,12 +124,13 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> Non
                f"{count} records in {path}")
 
 
+@pytest.mark.parametrize("render", ["tokenizer", "server"])
 def test_a_kill_mid_conversation_resumes_at_its_next_turn(
-        tmp_path: Path, start_sim: Any) -> None:
+        tmp_path: Path, start_sim: Any, render: str) -> None:
     server = start_sim(speed=0.3)
     rows = chat_rows(tmp_path, 40, seed=9)
     manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
-                                          "turns": "each"}])
+                                          "turns": "each", "render": render}])
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "workbench", "generate", "--datasets", str(manifest),
             "--server", server.url, "--out", str(out), "--concurrency", "8"]
@@ -149,4 +167,32 @@ def test_a_kill_mid_conversation_resumes_at_its_next_turn(
     replies = {(r["sample_id"], r["turn"]): r["output_ids"] for r in records}
     for (sample_id, turn), line in after.items():
         own = [replies[sample_id, k] for k in range(turn)]
-        assert json.loads(line)["input_ids"] == expected_prompt(data[sample_id], own, tokenizer)
+        history = expected_history(data[sample_id], own, tokenizer)
+        expected = (encode_messages(tokenizer, history, {}) if render == "tokenizer"
+                    else server_prompt(server.url, history))
+        assert json.loads(line)["input_ids"] == expected, (sample_id, turn)
+
+
+@pytest.mark.parametrize("render", ["tokenizer", "server"])
+def test_a_later_turn_edited_in_the_data_refuses_the_resume(
+        tmp_path: Path, shared_sim: ServerProcess, render: str) -> None:
+    rows = chat_rows(tmp_path, 4)
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
+                                          "turns": "each", "render": render}])
+    argv = ["generate", "--datasets", str(manifest), "--server", shared_sim.url,
+            "--out", str(tmp_path / "out"), "--progress-interval", "30"]
+    assert workbench(*argv).returncode == 0
+    prompts = (tmp_path / "out" / "chat" / "prompts.jsonl").read_bytes()
+    if render == "server":  # the server's ids, with the digest of what it rendered them from
+        assert all("history" in json.loads(line) for line in prompts.splitlines())
+    assert workbench(*argv).returncode == 0  # nothing left: nothing rewritten
+    assert (tmp_path / "out" / "chat" / "prompts.jsonl").read_bytes() == prompts
+    records = jsonl(tmp_path / "out" / "chat" / "raw_responses.jsonl")
+    sample_id = next(r["sample_id"] for r in records if r["turn"] == 2)
+    data = jsonl(rows)
+    data[sample_id]["messages"][3]["content"] = "the company sends a bad order"  # turn 1's user
+    rows.write_text("".join(json.dumps(row) + "\n" for row in data))
+    refused = workbench(*argv)
+    assert refused.returncode == 2
+    assert (f"dataset chat: 1 finished samples were sent another prompt than the manifest "
+            f"builds now from {rows} (e.g. sample_id {sample_id}") in refused.stderr

@@ -204,21 +204,19 @@ def _write_prompts(folder: DatasetDir, prompts: list[Prompt], pending: list[Prom
 
 def _turn_prompt_lines(folder: DatasetDir, prompts: list[Prompt], pending: list[Prompt],
                        turns: TurnResume) -> Iterator[bytes]:
-    """prompts.jsonl of a turns: each dataset: per conversation (file order) the lines of its
-    finished turns as they were sent, then its next turn's when it is pending; then the
-    finished turns of conversations this run does not send."""
+    """prompts.jsonl of a turns: each dataset: the lines of every finished turn as they were
+    sent, in their order in the file (a session with nothing left rewrites nothing), then the
+    next turn's of each pending conversation (file order; one the server renders is written
+    when its reply comes)."""
+    kept = sorted((span for spans in turns.spans.values() for span in spans),
+                  key=lambda span: span.offset)
+    with span_reader(folder.prompts_path) if kept else nullcontext(None) as read:
+        yield from map(read, kept)
     going_on = {p.sample_id: p for p in pending}
-    with span_reader(folder.prompts_path) if turns.spans else nullcontext(None) as read:
-        for prompt in prompts:
-            for span in turns.spans.get(prompt.sample_id, ()):
-                yield read(span)
-            following = going_on.get(prompt.sample_id)
-            if following is not None and following.digest is None:  # server's: when sent
-                yield prompt_line(following)
-        ours = {p.sample_id for p in prompts}
-        for sample_id, spans in turns.spans.items():
-            if sample_id not in ours:
-                yield from map(read, spans)
+    for prompt in prompts:
+        following = going_on.get(prompt.sample_id)
+        if following is not None and following.digest is None:
+            yield prompt_line(following)
 
 
 def _count_turns(progress: DatasetProgress, prompts: list[Prompt], pending: list[Prompt],
