@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workbench.errors import ConfigError
+from workbench.errors import DataError
 from workbench.export.exporter import export_run
 from workbench.export.options import ExportOptions
 from workbench.rundir.records import PromptRecord, Record, encode_line
@@ -153,10 +153,23 @@ def test_a_single_turn_trainer_manifest_names_no_turn(tmp_path: Path) -> None:
     assert all(len(row) == 5 for row in manifest["rows"])
 
 
-def test_conversations_of_a_turns_dataset_are_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as caught:
+def test_conversations_of_a_turns_dataset_need_its_data_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as caught:
         export_run(plant(tmp_path / "run"), tmp_path / "out.jsonl",
                    ExportOptions(format="conversations", only=("conv",)))
-    assert "conversations format of a turns: each dataset: conv" in str(caught.value)
+    assert "run.json names no data file for dataset conv" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("trainer", ["specforge", "speculators"])
+def test_a_trainers_rows_of_turns_only_name_conversation_and_turn(tmp_path: Path,
+                                                                  trainer: str) -> None:
+    export_run(plant(tmp_path / "run"), tmp_path / "out.jsonl",
+               ExportOptions(trainer=trainer, only=("conv",)))
+    got = rows(tmp_path / "out.jsonl")
+    assert all(list(row) == ["id", "turn", "input_ids", "loss_mask"] for row in got)
+    assert [(row["id"], row["turn"]) for row in got][:3] == [("conv/0", 0), ("conv/0", 1),
+                                                             ("conv/1", 0)]
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
+    assert manifest["fields"] == ["id", "turn", "input_ids", "loss_mask"]

@@ -77,17 +77,21 @@ class DatasetReport(msgspec.Struct):
 
 class ValidationReport(msgspec.Struct):
     """`benchmarks`: the names of the benchmarks looked for (none: contamination was not
-    checked, and no ``contaminated_*`` finding can show)."""
+    checked, and no ``contaminated_*`` finding can show); `notes`: the checks that could not
+    run, each with why (a line each)."""
 
     ok: bool
     model_profile: str
     datasets: dict[str, DatasetReport]
     benchmarks: list[str] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
 
     def to_builtins(self) -> dict[str, Any]:
         """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...},
-        "benchmarks": [...]}."""
+        "benchmarks": [...]}, and "notes": [...] when a check could not run."""
         data: dict[str, Any] = msgspec.to_builtins(self)
+        if not self.notes:
+            del data["notes"]
         return data
 
 

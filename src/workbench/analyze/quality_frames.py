@@ -98,8 +98,9 @@ def contamination_table(scan: RunScan, decontaminate: Decontamination | None) ->
 
 
 def score_frame(scan: RunScan) -> pd.DataFrame:
-    """The on-policy scores kept beside the run (dataset, sample_id, nll, entropy, tokens);
-    empty when the run was not scored."""
+    """The on-policy scores kept beside the run (dataset, sample_id, nll, entropy, tokens,
+    and turn when a dataset's conversations were regenerated turn by turn: a row per
+    (sample_id, turn)); empty when the run was not scored."""
     parts = []
     for ds in scan.run.datasets:
         scores = load_scores(ds.folder)

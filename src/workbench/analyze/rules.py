@@ -25,6 +25,10 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     prompt in prompts.jsonl: the server cut or changed the prompt
                                     (SGLang --allow-auto-truncate), so the reply answers another
                                     prompt than the one kept (see below)
+    turn_prompt_mismatch  error     a turn of a conversation regenerated turn by turn whose
+                                    prompt is not the chat template's rendering of its history
+                                    (the data row and the model's earlier turns): validate
+                                    only, :mod:`workbench.analyze.turn_prompts`
     token_count_mismatch  warning   completion_tokens != len(output_ids); some SGLang versions
                                     prepend prompt-suffix ids, so the example gives the difference
     truncated             warning   finish_reason "length"; error above truncated_error_rate.
@@ -118,6 +122,7 @@ SEVERITY: dict[str, Severity] = {
     "missing_turn": "warning",
     "no_prompts": "warning",
     "prompt_tokens_mismatch": "error",
+    "turn_prompt_mismatch": "error",
     "token_count_mismatch": "warning",
     "truncated": "warning",
     "context_reduced": "info",

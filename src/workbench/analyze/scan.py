@@ -43,6 +43,7 @@ from workbench.analyze.rules import (
     Thresholds,
     reasoning_expected,
 )
+from workbench.analyze.turn_prompts import check_turn_prompts
 from workbench.errors import DataError
 from workbench.profiles import ModelProfile
 from workbench.rundir.cache import Stamp, cache_key, file_stamp
@@ -54,7 +55,7 @@ from workbench.rundir.figures import (
     load_figures,
     overlaps_path,
 )
-from workbench.rundir.layout import DatasetDir
+from workbench.rundir.layout import RAW_FILE, DatasetDir
 from workbench.rundir.reader import iter_blocks, paused_gc
 from workbench.rundir.records import Block, Row
 from workbench.rundir.run import RunInfo, load_run
@@ -90,6 +91,7 @@ def scan_run(
     cache: bool = True,
     decontaminate: Decontamination | None = None,
     figures: bool | None = None,
+    turn_prompts: bool = False,
 ) -> RunScan:
     """Read every raw file of run directory `out` once: validation and per-record columns.
 
@@ -101,6 +103,9 @@ def scan_run(
     computed again. `decontaminate`: the benchmarks whose n-grams
     are looked for in the replies (each record's ``overlap`` column). The run-level data
     findings (duplicates, contamination: :mod:`workbench.analyze.quality`) join the report.
+    With `turn_prompts`, each turn's prompt of a ``turns: each`` dataset is checked against
+    the rendering of its history (:mod:`workbench.analyze.turn_prompts`: validate's, not
+    cached; a dataset it cannot check gets a note in the report).
     DataError/ConfigError for bad input (not a run, unreadable run.json, unknown profile).
     """
     thresholds = thresholds or Thresholds()
@@ -123,13 +128,28 @@ def scan_run(
     except OSError as exc:
         raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
     data = data_findings(run, scans, thresholds, decontaminate, prompts=figures)
+    notes = _turn_findings(run, profile, thresholds, data) if turn_prompts else []
     reports = {ds.name: dataset_report(scan, prompt, thresholds,
                                         ds.settings.get("budget_reached") is True, data[ds.name])
                for ds, scan, prompt in zip(run.datasets, scans, prompts, strict=True)}
     report = ValidationReport(all(r.ok for r in reports.values()), profile.name, reports,
-                              decontaminate.names if decontaminate is not None else [])
+                              decontaminate.names if decontaminate is not None else [], notes)
     return RunScan(run, profile, {ds.name: scan for ds, scan in zip(run.datasets, scans, strict=True)},
                    report)
+
+
+def _turn_findings(run: RunInfo, profile: ModelProfile, thresholds: Thresholds,
+                   data: dict[str, list[tuple[str, Tally]]]) -> list[str]:
+    """Add each turns dataset's turn_prompt_mismatch tally to its data tallies; the notes
+    of the datasets it could not check."""
+    notes = []
+    for ds in run.datasets:
+        check = check_turn_prompts(ds, profile, thresholds.max_examples)
+        if check.tally is not None:
+            data[ds.name] = [*data[ds.name], (RAW_FILE, check.tally)]
+        if check.note is not None:
+            notes.append(check.note)
+    return notes
 
 
 @dataclass(frozen=True, slots=True)

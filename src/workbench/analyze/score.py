@@ -30,9 +30,11 @@ touched)::
                 left out), in nats
     tokens      the reply tokens scored
     top_k       K
+    turn        the record's turn, on the lines of a conversation regenerated turn by turn
+                (``turns: each``): one line per (sample_id, turn)
 
 Resume-safe and incremental: a torn last line of scores.jsonl is put aside first
-(``scores.jsonl.torn``), records whose sample_id is already in it are skipped, and each score
+(``scores.jsonl.torn``), records whose (sample_id, turn) is already in it are skipped, and each score
 is appended as one whole line when it arrives, so a second run scores only the records added
 since. Skipped (counted per reason, not written, tried again by the next run): a record whose
 prompt is not in prompts.jsonl; a text prompt when the run names no tokenizer, or when the
@@ -69,7 +71,7 @@ from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError, InputError, ProtocolError, RequestFailed
 from workbench.rundir.appender import JsonlAppender, repair_torn_tail
 from workbench.rundir.layout import SCORES_FILE, DatasetDir
-from workbench.rundir.line_index import LineSpan, index_lines, read_sample_ids, span_reader
+from workbench.rundir.line_index import Key, LineSpan, index_keys, read_keys, span_reader
 from workbench.rundir.lock import hold_score_lock
 from workbench.rundir.reader import iter_blocks
 from workbench.rundir.records import PromptRecord, Row, SampleId, is_finished
@@ -116,6 +118,7 @@ class ScoreLine(msgspec.Struct):
     entropy: float
     tokens: int
     top_k: int
+    turn: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class DatasetScores(msgspec.Struct):
@@ -194,9 +197,10 @@ SCORE_COLUMNS = ["sample_id", "nll", "entropy", "tokens"]
 
 
 def load_scores(dataset_dir: DatasetDir | str | os.PathLike[str]) -> pd.DataFrame:
-    """The dataset's scores (columns sample_id, nll, entropy, tokens), one row per sample id
-    (its first line); empty when it has no scores.jsonl. A torn last line is left out;
-    another bad line is a DataError naming the file and the line."""
+    """The dataset's scores (columns sample_id, nll, entropy, tokens, and turn when its
+    lines have one), one row per (sample_id, turn) (its first line); empty when it has no
+    scores.jsonl. A torn last line is left out; another bad line is a DataError naming the
+    file and the line."""
     path = scores_path(dataset_dir)
     if not path.is_file():
         return pd.DataFrame({name: [] for name in SCORE_COLUMNS})
@@ -206,16 +210,22 @@ def load_scores(dataset_dir: DatasetDir | str | os.PathLike[str]) -> pd.DataFram
         lines.pop()  # a torn last line: a scorer is writing it, or died writing it
     rows = [_score_row(path, number, text) for number, text in enumerate(lines, start=1)
             if text.strip()]
-    frame = pd.DataFrame(rows, columns=SCORE_COLUMNS)
-    return frame.drop_duplicates("sample_id", keep="first").reset_index(drop=True)
+    if not any(row[-1] is not None for row in rows):
+        frame = pd.DataFrame([row[:-1] for row in rows], columns=SCORE_COLUMNS)
+        return frame.drop_duplicates("sample_id", keep="first").reset_index(drop=True)
+    frame = pd.DataFrame(rows, columns=[*SCORE_COLUMNS, "turn"])
+    frame["turn"] = frame["turn"].astype("Int64")
+    return frame.drop_duplicates(["sample_id", "turn"], keep="first").reset_index(drop=True)
 
 
-def _score_row(path: Path, number: int, text: bytes) -> tuple[SampleId, float, float, int]:
+def _score_row(path: Path, number: int, text: bytes
+               ) -> tuple[SampleId, float, float, int, int | None]:
     try:
         line = _LINE_DECODER.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DataError(path, f"not a score line: {exc}", number) from None
-    return line.sample_id, line.nll, line.entropy, line.tokens
+    turn = None if line.turn is msgspec.UNSET else line.turn
+    return line.sample_id, line.nll, line.entropy, line.tokens, turn
 
 
 # --------------------------------------------------------------------------- the math
@@ -340,24 +350,25 @@ class _Job:
     sample_id: SampleId
     prompt: list[int]
     reply: list[int]
+    turn: int | None = None
 
 
 class _Prompts:
-    """prompts.jsonl read back by sample id; text prompts tokenized with the run's tokenizer
-    (loaded once, when the first is met)."""
+    """prompts.jsonl read back by (sample_id, turn); text prompts tokenized with the run's
+    tokenizer (loaded once, when the first is met)."""
 
     _decoder = msgspec.json.Decoder(PromptRecord)
 
     def __init__(self, run: RunInfo, ds: DatasetDir, read: Callable[[LineSpan], bytes]) -> None:
         self.run, self.ds, self.read = run, ds, read
-        self.spans = index_lines(ds.prompts_path) if ds.prompts_path.is_file() else {}
+        self.spans = index_keys(ds.prompts_path) if ds.prompts_path.is_file() else {}
         self._tokenizer: Any = None
         self._no_tokenizer: str | None = None
 
     def ids(self, row: Row) -> list[int] | str:
         """The prompt's ids, or why the record is skipped."""
         assert row.sample_id is not None
-        span = self.spans.get(row.sample_id)
+        span = self.spans.get(row.key)
         if span is None:
             return SKIP_NO_PROMPT
         try:
@@ -405,23 +416,24 @@ def _finished_rows(path: Path, *, with_output_ids: bool) -> Iterator[Row]:
         yield from (row for row in block.rows if is_finished(row, row.line not in bad))
 
 
-def _pending(ds: DatasetDir, result: DatasetScores) -> dict[SampleId, None]:
+def _pending(ds: DatasetDir, result: DatasetScores) -> dict[Key, None]:
     """The finished records not in scores.jsonl yet (counting those that are), in file order,
-    each sample id once; scores.jsonl's torn last line put aside first."""
+    each (sample_id, turn) once; scores.jsonl's torn last line put aside first."""
     path = scores_path(ds)
     repair_torn_tail(path)
-    done, _ = read_sample_ids(path) if path.is_file() else (set(), [])
-    pending: dict[SampleId, None] = {}
-    seen: set[SampleId] = set()
+    done, _ = read_keys(path) if path.is_file() else (set(), [])
+    pending: dict[Key, None] = {}
+    seen: set[Key] = set()
     for row in _finished_rows(ds.raw_path, with_output_ids=False):
         assert row.sample_id is not None
-        if row.sample_id in seen:
+        key = (row.sample_id, row.turn)
+        if key in seen:
             continue
-        seen.add(row.sample_id)
-        if row.sample_id in done:
+        seen.add(key)
+        if key in done:
             result.already += 1
         else:
-            pending[row.sample_id] = None
+            pending[key] = None
     return pending
 
 
@@ -434,7 +446,7 @@ class _DatasetScorer:
         self.top_k, self.limit, self.on_progress = top_k, limit, on_progress
         self.progress = ScoreProgress(ds.name, 0)
 
-    async def run(self, run: RunInfo, pending: dict[SampleId, None], concurrency: int) -> None:
+    async def run(self, run: RunInfo, pending: dict[Key, None], concurrency: int) -> None:
         self.progress.total = len(pending)
         self._tell()
         if not pending:
@@ -449,15 +461,15 @@ class _DatasetScorer:
         except ExceptionGroup as failed:  # a write refused, or a bug: raised as itself
             raise failed.exceptions[0] from None
 
-    async def _feed(self, run: RunInfo, pending: dict[SampleId, None],
+    async def _feed(self, run: RunInfo, pending: dict[Key, None],
                     queue: asyncio.Queue[_Job | None], workers: int) -> None:
         """Queue the pending records' jobs in file order, then one None per worker."""
         prompts_file = self.ds.prompts_path
         with span_reader(prompts_file) if prompts_file.is_file() else _no_reader() as read:
             prompts = _Prompts(run, self.ds, read)
             for row in _finished_rows(self.ds.raw_path, with_output_ids=True):
-                if row.sample_id in pending:
-                    del pending[row.sample_id]
+                if row.key in pending:
+                    del pending[row.key]
                     job = self._job(row, prompts)
                     if isinstance(job, str):
                         self._skipped(job)
@@ -477,7 +489,7 @@ class _DatasetScorer:
             return SKIP_EMPTY
         if self.limit is not None and len(prompt) + len(reply) >= self.limit:
             return f"prompt + reply too long for the server's context ({self.limit} tokens)"
-        return _Job(row.sample_id, prompt, reply)
+        return _Job(row.sample_id, prompt, reply, row.turn)
 
     def _skipped(self, reason: str) -> None:
         self.result.skip(reason)
@@ -492,10 +504,11 @@ class _DatasetScorer:
                 self.result.failed += 1
                 self.progress.failed += 1
                 self.result.first_failure = (self.result.first_failure
-                                             or f"sample {job.sample_id!r}: {exc}")
+                                             or f"sample {job.sample_id!r}{_turn_text(job.turn)}: {exc}")
             else:
+                turn = msgspec.UNSET if job.turn is None else job.turn
                 out.append(ScoreLine(job.sample_id, round(nll, 6), round(entropy, 6),
-                                     len(job.reply), self.top_k))
+                                     len(job.reply), self.top_k, turn))
                 self.result.scored += 1
                 self.progress.scored += 1
             self._tell()
@@ -516,6 +529,10 @@ class _DatasetScorer:
     def _tell(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+
+def _turn_text(turn: int | None) -> str:
+    return "" if turn is None else f" turn {turn}"
 
 
 @contextlib.contextmanager

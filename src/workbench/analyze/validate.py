@@ -2,7 +2,9 @@
 
 The rules are :mod:`workbench.analyze.rules`'s, the findings :mod:`workbench.analyze.findings`'s,
 read in one pass by :func:`workbench.analyze.scan.scan_run` (whose cache makes a second
-validation of a grown run read only the new records). Exit code 0 unless ``--strict`` and a
+validation of a grown run read only the new records); validate also checks each turn's prompt
+of a conversation regenerated turn by turn against the rendering of its history
+(:mod:`workbench.analyze.turn_prompts`), or says in a note why it could not. Exit code 0 unless ``--strict`` and a
 finding is an error (then 1); bad input raises.
 """
 
@@ -35,7 +37,7 @@ def validate_run(
     :func:`~workbench.analyze.scan.scan_run`'s)."""
     return scan_run(out, model_profile=model_profile, thresholds=thresholds, only=only,
                     vocab_size=vocab_size, workers=workers, cache=cache,
-                    decontaminate=decontaminate, figures=figures).report
+                    decontaminate=decontaminate, figures=figures, turn_prompts=True).report
 
 
 def format_report(report: ValidationReport) -> str:
@@ -43,6 +45,7 @@ def format_report(report: ValidationReport) -> str:
     lines = [f"model profile {report.model_profile}: {'ok' if report.ok else 'FAILED'}"]
     if report.benchmarks:
         lines.append(f"benchmarks looked for: {', '.join(report.benchmarks)}")
+    lines.extend(f"note: {note}" for note in report.notes)
     for name, ds in report.datasets.items():
         prompts = "?" if ds.prompts is None else f"{ds.prompts:,}"
         lines.append(f"{name}: {ds.records:,} records, {prompts} prompts: "

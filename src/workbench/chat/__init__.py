@@ -8,6 +8,8 @@ Pure logic, no I/O: the prompt loader and the runner render and send what it bui
     turns    which turns a row asks for (``last`` or ``each``) and, turn by turn, the history
              the model is sent: its own earlier replies, the data's tool results answering
              its calls, or why the conversation ends
+    render   each turn's prompt ids through a tokenizer handed in (``workbench.chat.render``:
+             the one rendering the runner sends, validate checks and the export writes)
 """
 
 from __future__ import annotations

@@ -17,9 +17,12 @@ an int `turn` beside it names the turn, ``(id, turn)`` unique):
                     (and tools, when the prompt was rendered with them) and an assistant turn {"role", "content", "reasoning_content"}
                     split at the model profile's think-end id and decoded with the dataset's
                     tokenizer (for trainers that apply the chat template themselves). JSONL
-                    only, from datasets whose input is ``messages`` in a JSONL source file
-                    (not yet from a ``turns: each`` dataset: refused).
-    --for TRAINER   tokens rows as that trainer reads them, {"input_ids", "loss_mask"} only,
+                    only, from datasets whose input is ``messages`` in a JSONL source file; a
+                    ``turns: each`` dataset gives one row per conversation, every generated
+                    turn in it, {"id", "turns", "dataset", "conversations"[, "tools"]}
+                    (:mod:`workbench.export.threads`).
+    --for TRAINER   tokens rows as that trainer reads them, {"input_ids", "loss_mask"} only
+                    ({"id", "turn", ...} before them when every dataset is ``turns: each``),
                     JSONL only, with a manifest beside the file (trainers.py) whose rows name
                     each row's id (and turn).
 
@@ -57,6 +60,7 @@ Records dropped, by reason (the summary counts each record once, under the first
                                  :mod:`workbench.analyze.quality`, the first copy kept), in
                                  that order
     prompt_tokens_mismatch       a text prompt that tokenizes to another length
+    earlier_turn_dropped         conversations of a turns dataset: a turn after one dropped
     limit                        beyond ``limit`` rows of the dataset: in file order, the
                                  records after the limit (not checked further); shuffled, the
                                  kept records not drawn
@@ -84,6 +88,7 @@ from workbench.errors import ConfigError, DataError, WorkbenchError
 from workbench.export.options import DROP_REASONS, RUN_DROPS, ExportOptions, ExportSummary
 from workbench.export.sinks import PARQUET_SUFFIXES, Sink, TrainerSink, atomic_sink, sink_factory
 from workbench.export.sources import READ_BLOCK_BYTES, Lines, Source, manifest_spec, open_source
+from workbench.export.threads import ThreadWriter, plan_threads, thread_records
 from workbench.export.trainers import (
     TRAINERS,
     RowEntry,
@@ -99,9 +104,17 @@ from workbench.rundir.run import RunInfo, load_run
 __all__ = ["export_run", "format_summary"]
 
 
+def _whole_conversations(source: Source) -> bool:
+    """Whether the source writes one row per conversation (conversations of turns: each)."""
+    return source.options.format == "conversations" and source.turns
+
+
 def _export_in_order(sources: Sequence[Source], sink: Sink, limit: int | None) -> None:
     """Each dataset in file order, up to limit rows; the rest counted, not checked."""
     for source in sources:
+        if _whole_conversations(source):
+            _export_threads(source, sink, limit)
+            continue
         blocks = iter_blocks(source.ds.raw_path, with_output_ids=True, block_bytes=READ_BLOCK_BYTES)
         for block in blocks:
             source.count_problems(block.problems)
@@ -115,6 +128,22 @@ def _export_in_order(sources: Sequence[Source], sink: Sink, limit: int | None) -
             if limit is not None and source.stats.written >= limit:
                 _count_rest(source, block.end_offset, block.first_line + block.lines)
                 break
+
+
+def _export_threads(source: Source, sink: Sink, limit: int | None) -> None:
+    """A turns dataset's conversations in the order of their first records, up to limit
+    rows (the records of the conversations after it counted as dropped by the limit)."""
+    threads = plan_threads(source)
+    writer = ThreadWriter(source, threads)
+    try:
+        for index, thread in enumerate(threads):
+            if limit is not None and source.stats.written >= limit:
+                source.stats.drop("limit", len(thread.lines))
+            else:
+                sink.write(writer.write(index))
+                source.stats.written += 1
+    finally:
+        writer.close()
 
 
 def _emit(source: Source, row: Row, sink: Sink) -> None:
@@ -140,22 +169,44 @@ def _export_shuffled(
     """All datasets mixed in an order drawn from seed; limit draws rows per dataset."""
     rng = np.random.default_rng(seed)
     picks = []
-    for index, source in enumerate(sources):
-        kept = _kept_lines(source)
-        if limit is not None and len(kept) > limit:
-            source.stats.drop("limit", len(kept) - limit)
-            kept = rng.permutation(kept)[:limit]
-        picks.append(np.column_stack([np.full(len(kept), index, dtype=np.int64), kept]))
-    order = np.concatenate(picks) if picks else np.zeros((0, 2), dtype=np.int64)
-    order = order[rng.permutation(len(order))]
+    writers: dict[int, ThreadWriter] = {}
     lines = [Lines(source.ds.raw_path) for source in sources]
     try:
-        for index, line in order.tolist():
-            rows, _ = parse_lines(lines[index].read(line), first_line=line, with_output_ids=True)
+        for index, source in enumerate(sources):
+            if _whole_conversations(source):
+                writers[index] = ThreadWriter(source, plan_threads(source))
+                kept = _drawn_threads(writers[index], limit, rng)
+            else:
+                kept = _kept_lines(source)
+                if limit is not None and len(kept) > limit:
+                    source.stats.drop("limit", len(kept) - limit)
+                    kept = rng.permutation(kept)[:limit]
+            picks.append(np.column_stack([np.full(len(kept), index, dtype=np.int64), kept]))
+        order = np.concatenate(picks) if picks else np.zeros((0, 2), dtype=np.int64)
+        order = order[rng.permutation(len(order))]
+        for index, item in order.tolist():
+            if index in writers:
+                sink.write(writers[index].write(item))
+                sources[index].stats.written += 1
+                continue
+            rows, _ = parse_lines(lines[index].read(item), first_line=item, with_output_ids=True)
             _emit(sources[index], rows[0], sink)
     finally:
-        for reader in lines:
+        for reader in [*lines, *writers.values()]:
             reader.close()
+
+
+def _drawn_threads(writer: ThreadWriter, limit: int | None,
+                   rng: np.random.Generator) -> np.ndarray:
+    """The indices of the conversations to write: all, or `limit` drawn (the records of
+    the others counted as dropped by the limit)."""
+    kept = np.arange(len(writer.threads), dtype=np.int64)
+    if limit is None or len(kept) <= limit:
+        return kept
+    kept = rng.permutation(kept)[:limit]
+    left = set(range(len(writer.threads))) - set(kept.tolist())
+    writer.source.stats.drop("limit", thread_records([writer.threads[i] for i in left]))
+    return kept
 
 
 def _kept_lines(source: Source) -> np.ndarray:
@@ -290,7 +341,8 @@ def _trainer_outputs(trainer: Trainer, target: Path, entries: list[RowEntry], ru
     report = trainer_report(trainer, target, entries, names, options.max_length,
                             tokenizer or str(model.get("model_path") or "MODEL"))
     datasets = {source.name: _dataset_facts(source) for source in sources}
-    write_manifest(target, report, entries, model, datasets)
+    named = bool(sources) and all(source.turns for source in sources)
+    write_manifest(target, report, entries, model, datasets, named)
     return report
 
 
@@ -333,7 +385,9 @@ def _check_target_outside(target: Path, run: RunInfo) -> None:
 def _write(sources: Sequence[Source], target: Path, options: ExportOptions) -> Sink:
     try:
         turns = any(source.turns for source in sources)
-        with atomic_sink(target, options.format, options.trainer, turns) as sink, paused_gc():
+        named = bool(sources) and all(source.turns for source in sources)
+        with (atomic_sink(target, options.format, options.trainer, turns, named) as sink,
+              paused_gc()):
             if options.shuffle:
                 _export_shuffled(sources, sink, options.limit, options.seed)
             else:

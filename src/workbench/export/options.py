@@ -29,7 +29,7 @@ RUN_DROPS: dict[str, tuple[str, ...]] = {  # a --drop name -> the run-level rule
 DROP_REASONS: tuple[str, ...] = (
     "parse_error", "torn_line", "missing_field", "duplicate_sample_id", "orphan_response",
     *(rule for rule in RECORD_RULES if rule != "missing_field"), *RUN_DROPS,
-    "prompt_tokens_mismatch", "limit",
+    "prompt_tokens_mismatch", "earlier_turn_dropped", "limit",
 )
 
 

@@ -7,9 +7,15 @@
                        conversation (``turns: each``) also has ``turn`` (int) after ``id``,
                        the conversation's; a Parquet file of a run with such a dataset has a
                        ``turn`` column (int32, null for single-turn rows)
-    conversations      {"id", "dataset", "conversations"[, "tools"]}, JSONL only
+    conversations      {"id", "dataset", "conversations"[, "tools"]}, JSONL only; a
+                       conversation regenerated turn by turn, one row with all its turns:
+                       {"id", "turns", "dataset", "conversations"[, "tools"]} (threads.py)
     --for TRAINER      {"input_ids", "loss_mask"} only, JSONL only; each row's id, lengths and
-                       digest (and turn) are kept for the manifest written beside the file
+                       digest (and turn) are kept for the manifest written beside the file.
+                       When every row is a turn of a conversation (every dataset exported is
+                       ``turns: each``), {"id", "turn", "input_ids", "loss_mask"}: both
+                       trainers ignore the extra keys when every row has them (a key on some
+                       rows only breaks speculators' loader, HF datasets' JSON reader)
 
 Rows are written to a temporary file beside the target and renamed over it at the end
 (:func:`atomic_sink`), so a failed export leaves the target as it was; temp files of the
@@ -34,7 +40,7 @@ from workbench.export.trainers import RowEntry, row_digest
 from workbench.rundir.files import remove_stale_temps, temp_path
 
 __all__ = ["JSONL_SUFFIXES", "PARQUET_SUFFIXES", "ROW_GROUP_ROWS", "ConversationLine", "OutRow",
-           "Sink", "Tokens", "TrainerSink", "atomic_sink", "sink_factory"]
+           "Sink", "ThreadLine", "Tokens", "TrainerSink", "atomic_sink", "sink_factory"]
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -73,7 +79,17 @@ class Tokens(NamedTuple):
     turn: int | None = None  # the generated turn of the conversation `id` (turns: each)
 
 
-OutRow: TypeAlias = Tokens | ConversationLine
+class ThreadLine(msgspec.Struct, omit_defaults=True):
+    """A conversation regenerated turn by turn, all its turns (threads.py)."""
+
+    id: str
+    turns: int
+    dataset: str
+    conversations: list[Any]
+    tools: list[Any] | None = None
+
+
+OutRow: TypeAlias = Tokens | ConversationLine | ThreadLine
 
 
 class Sink(Protocol):
@@ -89,7 +105,7 @@ class JsonlSink:
         self._encode = msgspec.json.Encoder().encode
 
     def write(self, row: OutRow) -> None:
-        line: TokensLine | TurnTokensLine | ConversationLine
+        line: TokensLine | TurnTokensLine | ConversationLine | ThreadLine
         if isinstance(row, Tokens):
             prompt, output = row.prompt_ids, row.output_ids
             mask = [0] * len(prompt) + [1] * len(output)
@@ -104,23 +120,36 @@ class JsonlSink:
 
 
 class TrainerSink(JsonlSink):
-    """Rows as a trainer reads them ({input_ids, loss_mask} only); each row's id, lengths
-    and digest go to `entries` (row number = position) for the manifest."""
+    """Rows as a trainer reads them ({input_ids, loss_mask}; with `named`, every row a turn,
+    {id, turn, input_ids, loss_mask}); each row's id, lengths and digest go to `entries`
+    (row number = position) for the manifest."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, named: bool = False) -> None:
         super().__init__(path)
+        self.named = named
         self.entries: list[RowEntry] = []
 
     def write(self, row: OutRow) -> None:
         assert isinstance(row, Tokens)
         ids = row.prompt_ids + row.output_ids
-        line = TrainerLine(ids, [0] * len(row.prompt_ids) + [1] * len(row.output_ids))
+        mask = [0] * len(row.prompt_ids) + [1] * len(row.output_ids)
+        line: TrainerLine | NamedTrainerLine = TrainerLine(ids, mask)
+        if self.named:
+            assert row.turn is not None
+            line = NamedTrainerLine(row.id, row.turn, ids, mask)
         self._file.write(self._encode(line) + b"\n")
         self.entries.append(RowEntry(row.id, row.dataset, len(row.prompt_ids), len(ids),
                                      row_digest(ids), row.turn))
 
 
 class TrainerLine(msgspec.Struct):
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class NamedTrainerLine(msgspec.Struct):
+    id: str
+    turn: int
     input_ids: list[int]
     loss_mask: list[int]
 
@@ -179,12 +208,13 @@ class ParquetSink:
 
 
 def sink_factory(target: Path, fmt: ExportFormat, trainer: str | None = None,
-                 turns: bool = False) -> Callable[[Path], Sink]:
+                 turns: bool = False, named: bool = False) -> Callable[[Path], Sink]:
     """The sink type of target's file type (`turns`: the rows may be turns of
-    conversations, which a Parquet file gives a column)."""
+    conversations, which a Parquet file gives a column; `named`: every row is one, which a
+    trainer's row names)."""
     suffix = target.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        return TrainerSink if trainer else JsonlSink
+        return functools.partial(TrainerSink, named=named) if trainer else JsonlSink
     if suffix in PARQUET_SUFFIXES:
         if trainer:
             raise ConfigError("--to", f"{trainer}'s file loader reads JSON/JSONL only, not "
@@ -200,9 +230,9 @@ def sink_factory(target: Path, fmt: ExportFormat, trainer: str | None = None,
 
 @contextlib.contextmanager
 def atomic_sink(target: Path, fmt: ExportFormat, trainer: str | None,
-                turns: bool = False) -> Iterator[Sink]:
+                turns: bool = False, named: bool = False) -> Iterator[Sink]:
     """A sink on a temporary file next to target, renamed over it only on success."""
-    make = sink_factory(target, fmt, trainer, turns)
+    make = sink_factory(target, fmt, trainer, turns, named)
     if not target.parent.is_dir():
         raise ConfigError("--to", f"directory not found: {target.parent}")
     remove_stale_temps(target)

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from workbench.analyze.chat_data import data_path
 from workbench.analyze.rules import RecordChecker, reasoning_expected
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError
@@ -242,8 +243,6 @@ class Source:
         row_id = f"{self.name}/{row.sample_id}"
         prompt = self.prompts.get((row.sample_id, row.turn))
         if self.options.format == "conversations":
-            if row.turn is not None:
-                raise self._no_conversations()
             output = self._output(prompt.input_ids or [], row)
             return self._conversation(row_id, row.sample_id, prompt.input_ids or [], output)
         prompt_ids = self._prompt_ids(prompt, row)
@@ -279,7 +278,7 @@ class Source:
         if tools and render_ids(tokenizer, messages, tools, self.ds.chat_template_kwargs,
                              generation_prompt=True) != prompt_ids:
             tools = None  # the prompt was rendered without them: the model never saw them
-        messages = self._with_seen_system(messages, tools, prompt_ids)
+        messages = self.with_seen_system(messages, tools, prompt_ids)
         field = assistant_turn(output, self.profile, self.reasoning, tokenizer)
         carries = {"field": [field], "inline": [inline_reasoning(field, self.profile, tokenizer)]}
         turns = carries.get(self.options.reasoning) or carries["field"] + carries["inline"]
@@ -291,7 +290,7 @@ class Source:
                 return ConversationLine(row_id, self.name, conversation, tools)
         return ConversationLine(row_id, self.name, [*messages, turns[0]], tools)
 
-    def _with_seen_system(self, messages: list[Any], tools: list[Any] | None,
+    def with_seen_system(self, messages: list[Any], tools: list[Any] | None,
                           prompt_ids: list[int]) -> list[Any]:
         """The messages with the system prompt the template put in when they had none, when
         that gives back the prompt's ids: the model saw it, and a trainer would otherwise put
@@ -310,20 +309,19 @@ class Source:
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:
-            self.tokenizer = load_dataset_tokenizer(self.ds, self.run, self.options)
+            self.tokenizer = load_dataset_tokenizer(self.ds, self.run, self.options, self.turns)
         return self.tokenizer
 
-    def _no_conversations(self) -> ConfigError:
-        return ConfigError("--format", f"conversations format of a turns: each dataset: "
-                                       f"{self.name} regenerates its conversations turn by "
-                                       "turn, which this format does not write yet (export "
-                                       "tokens, or leave it out with --only)")
-
     def prepare(self) -> None:
-        """Load what the format needs (messages, tokenizer) before any row is written."""
+        """Load what the format needs (messages, tokenizer) before any row is written; a
+        turns dataset's conversations are read from its data file later
+        (:mod:`workbench.export.threads`), which must be there."""
         if self.options.format == "conversations" and self.turns:
-            raise self._no_conversations()
-        if self.options.format == "conversations":
+            _check_chat_input(self.ds)
+            data_path(self.ds)
+            self._tokenizer()
+            self.stats.exact = 0
+        elif self.options.format == "conversations":
             self.messages = open_messages(self.ds, self.run)
             self._tokenizer()
             self.stats.exact = 0
@@ -366,15 +364,32 @@ def manifest_spec(run: RunInfo, name: str) -> DatasetSpec:
                                        f"({exc}); pass a tokenizer directory (--tokenizer)") from None
 
 
-def load_dataset_tokenizer(ds: DatasetDir, run: RunInfo, options: ExportOptions) -> Any:
+def load_dataset_tokenizer(ds: DatasetDir, run: RunInfo, options: ExportOptions,
+                           recorded: bool = False) -> Any:
+    """The option's tokenizer, else (`recorded`) the one run.json records for the dataset,
+    else the one the run's manifest names."""
     if options.tokenizer is not None:
         return load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code)
+    path = ds.settings.get("tokenizer")
+    if recorded and isinstance(path, str) and path:
+        trust = ds.settings.get("trust_remote_code") is True or options.trust_remote_code
+        return load_tokenizer(path, trust_remote_code=trust)
     spec = manifest_spec(run, ds.name)
     if spec.tokenizer is None:
         raise ConfigError("tokenizer", f"dataset {ds.name}: its manifest names no tokenizer; "
                                        "pass a tokenizer directory (--tokenizer)")
     trust = spec.trust_remote_code or options.trust_remote_code
     return load_tokenizer(spec.tokenizer, trust_remote_code=trust)
+
+
+def _check_chat_input(ds: DatasetDir) -> None:
+    """ConfigError unless the dataset's input is a conversation (messages, conversations)."""
+    mode = ds.settings.get("input")
+    if mode not in ("messages", "conversations"):
+        raise ConfigError("--format", f"dataset {ds.name} has input {mode!r}: the "
+                                      "conversations format needs input 'messages' or "
+                                      "'conversations' (leave it out with --only, or export "
+                                      "tokens)")
 
 
 def open_messages(ds: DatasetDir, run: RunInfo) -> _Messages:

@@ -1,8 +1,12 @@
 """What each drafter trainer reads, and the manifest that ties its rows back to the run.
 
 Both trainers take pre-tokenized JSONL rows `{"input_ids": [...], "loss_mask": [...]}` as they
-are and keep nothing else of a row (an `id` column is dropped), so a `--for` export writes
-exactly those two fields and puts the rest in a manifest beside the file
+are and keep nothing else of a row (SpecForge's `prepare_prompt_tasks` reads those two keys;
+speculators' `prepare-data` drops every other column), so a `--for` export writes those two
+fields (and, when every row is a turn of a conversation, `id` and `turn` before them: extra
+keys are ignored when every row has them, but a key on some rows only, or null in the
+first 10 MB and an int later, makes speculators' loader, HF datasets' JSON reader, fail
+with "Couldn't cast ... column names don't match") and puts the rest in a manifest beside the file
 (`<file>.manifest.json`): per row its dataset/sample_id, prompt and total length and a digest
 of its ids (the way back from a row a trainer shuffled), per dataset the generation's chat
 template arguments and sampling parameters, the model, and the token-length
@@ -151,17 +155,18 @@ def manifest_path(target: Path) -> Path:
 
 def write_manifest(
     target: Path, report: TrainerReport, entries: Sequence[RowEntry],
-    run: dict[str, Any], datasets: dict[str, dict[str, Any]],
+    run: dict[str, Any], datasets: dict[str, dict[str, Any]], named: bool = False,
 ) -> Path:
     """`<target>.manifest.json` (written to a temporary name, then renamed). Its rows name
-    a turn only when some row has one (a run with a ``turns: each`` dataset)."""
+    a turn only when some row has one (a run with a ``turns: each`` dataset); `fields` are
+    the keys of the file's rows (`named`: each row names its conversation and turn)."""
     fields = RowEntry._fields
     if all(entry.turn is None for entry in entries):
         fields = fields[:-1]
     data = {
         "file": str(target.resolve()),
         "trainer": report.trainer,
-        "fields": ["input_ids", "loss_mask"],
+        "fields": ["id", "turn", "input_ids", "loss_mask"] if named else ["input_ids", "loss_mask"],
         "model": run,
         "max_length": report.max_length,
         "command": report.command,

@@ -25,21 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from workbench.chat import (
-    ChatRow,
-    Ended,
-    Reply,
-    generation_points,
-    history_digest,
-    next_turn,
-    parse_reply,
-)
+from workbench.chat import ChatRow, Ended, Reply, generation_points, history_digest, next_turn
+from workbench.chat.render import read_reply, render_turn
 from workbench.config import DatasetSpec
-from workbench.errors import DataError
 from workbench.generate.prompts import Prompt
-from workbench.profiles import ModelProfile, reasoning_expected
+from workbench.profiles import ModelProfile
 from workbench.rundir.records import SampleId
-from workbench.tokenizer import decode, encode_messages, load_tokenizer
+from workbench.tokenizer import load_tokenizer
 
 __all__ = ["Conversations", "Next", "TurnRenderer"]
 
@@ -72,24 +64,19 @@ class TurnRenderer:
         self.profile = profile
         self.tokenizer: Any = load_tokenizer(spec.tokenizer,
                                              trust_remote_code=spec.trust_remote_code)
-        self.thinking = reasoning_expected(profile, spec.chat_template_kwargs)
 
     def reply(self, output_ids: Sequence[int]) -> Reply:
         """The model's turn as a client reads it: reasoning, content, tool calls."""
-        return parse_reply(output_ids, self.profile, lambda ids: decode(self.tokenizer, ids),
-                           thinking=self.thinking)
+        return read_reply(output_ids, self.profile, self.tokenizer,
+                          self.spec.chat_template_kwargs)
 
     def prompt(self, sample_id: SampleId, row: ChatRow, messages: list[dict[str, Any]],
-               turn: int) -> Prompt:
-        """Turn `turn`'s prompt: `messages` through the chat template (tools declared)."""
-        from jinja2 import TemplateError
-
-        try:
-            ids = encode_messages(self.tokenizer, messages, self.spec.chat_template_kwargs,
-                                  tools=row.tools)
-        except (TemplateError, ValueError, TypeError) as exc:
-            raise DataError(self.spec.path, f"sample_id {sample_id!r}, turn {turn}: the chat "
-                                            f"template failed: {exc}") from None
+               turn: int) -> Prompt | Ended:
+        """Turn `turn`'s prompt: `messages` through the chat template (tools declared), or
+        Ended ``unrenderable`` when the template refuses them."""
+        ids = render_turn(self.tokenizer, row, messages, self.spec.chat_template_kwargs)
+        if isinstance(ids, Ended):
+            return ids
         digest = (history_digest(messages, row.tools, self.spec.chat_template_kwargs)
                   if self.spec.render == "server" else None)
         return Prompt(sample_id, ids, None, len(ids), chat=row, turn=turn, messages=messages,
@@ -132,10 +119,10 @@ class Conversations:
         state.finishes.append(finish_reason)
         history = renderer.after(state.row, state.replies, state.finishes)
         if isinstance(history, list):
-            try:
-                return Next(renderer.prompt(prompt.sample_id, state.row, history, prompt.turn + 1))
-            except DataError:
-                history = Ended("unrenderable", "the chat template refused the history")
+            following = renderer.prompt(prompt.sample_id, state.row, history, prompt.turn + 1)
+            if isinstance(following, Prompt):
+                return Next(following)
+            history = following
         del self._states[key]
         if history is None:
             return Next(None)

@@ -48,8 +48,8 @@ from workbench.generate.feed import Feeder, SendingDataset
 from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan, ServerFacts, model_name
 from workbench.generate.progress import DatasetProgress, RunSummary
-from workbench.generate.rendering import probe_rendering
 from workbench.generate.prompts import Prompt
+from workbench.generate.rendering import probe_rendering
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.servers import Workers, server_gate
 from workbench.generate.watchdog import Detection, RunCounts, Watchdog, WatchdogSettings

@@ -32,7 +32,6 @@ import msgspec
 
 from workbench.chat import ChatRow, Ended, Reply, generation_points
 from workbench.config import DatasetSpec
-from workbench.errors import DataError
 from workbench.generate.conversations import Conversations, TurnRenderer
 from workbench.generate.prompts import Prompt
 from workbench.generate.resume import DatasetResume, TurnResume, prompt_line, same_prompt
@@ -182,7 +181,5 @@ def _built(renderer: TurnRenderer, sample_id: SampleId, row: ChatRow,
     over) or the template refuses it (as the session that wrote the turn before found)."""
     if not isinstance(history, list):
         return None
-    try:
-        return renderer.prompt(sample_id, row, history, turn)
-    except DataError:
-        return None
+    built = renderer.prompt(sample_id, row, history, turn)
+    return built if isinstance(built, Prompt) else None
