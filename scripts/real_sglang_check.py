@@ -5,7 +5,7 @@
         --sglang-python .venv-sglang/bin/python --model outputs/real-sglang/model \\
         --out outputs/real-sglang-check          # these are the defaults (relative to cwd)
 
-    ... --only generate        # one step (generate, auto, watch, tune, fit, unattended)
+    ... --only generate        # one step (generate, auto, watch, tune, fit, unattended, turns)
     ... --skip-tune --skip-fit # leave steps out
 
 Steps (one server at a time; every server's log is kept under OUT/logs/):
@@ -36,6 +36,10 @@ Steps (one server at a time; every server's log is kept under OUT/logs/):
              `stalled`) and `server_restarted`; every sample is written once; neither the
              stopped process nor any process of the run's servers is left; OUT/server.log has
              two start headers.
+7. turns     Conversations regenerated turn by turn (`turns: each`, tools declared), one
+             dataset rendered by the tokenizer, one by the server (`render: server`), killed
+             and resumed; each turn's prompt held against the rendering it follows, the
+             renderings' difference said (scripts/real_sglang_turns.py).
 
 Prints `ok`/`FAIL` per check with its figures, a summary, writes OUT/summary.json, and exits
 1 when a check failed (2 on a usage error).
@@ -83,6 +87,7 @@ from typing import Any
 
 import httpx
 import yaml
+from real_sglang_turns import step_turns
 
 from workbench.generate.launched import SERVER_LOG
 from workbench.rundir.reader import read_rows
@@ -96,7 +101,7 @@ from workbench.server.launch import (
 )
 from workbench.server.metrics import MetricsSnapshot, parse_metrics
 
-STEPS = ("generate", "auto", "watch", "tune", "fit", "unattended")
+STEPS = ("generate", "auto", "watch", "tune", "fit", "unattended", "turns")
 CONTEXT_LEN = 4096
 TOO_LONG = re.compile(r"The input \((\d+) tokens\) is longer than the model's context length "
                       r"\((\d+) tokens\)")
@@ -1455,6 +1460,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unattended-stall-timeout", type=float, default=30.0,
                    help="--stall-timeout of step 6's run, seconds (well above the time a "
                         "prefill plus 50 tokens take here)")
+    p.add_argument("--turn-rows", type=int, default=16,
+                   help="function-calling conversations of step 7 (and half as many chats)")
+    p.add_argument("--turn-kill-at", type=int, default=12,
+                   help="turns step 7's run writes before it is killed")
     p.add_argument("--fit-goal", type=float, default=15.0,
                    help="largest |error| %% of a held-out point's predicted output tok/s")
     return p
@@ -1478,7 +1487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     say(f"steps {steps}; out {out}; sglang {args.sglang_python}; model {args.model}")
     functions = {"generate": step_generate, "auto": step_auto, "watch": step_watch,
-                 "tune": step_tune, "fit": step_fit, "unattended": step_unattended}
+                 "tune": step_tune, "fit": step_fit, "unattended": step_unattended,
+                 "turns": lambda ctx, checks: step_turns(ctx, checks, sys.modules[__name__])}
     for name in steps:
         with step(name, checks):
             functions[name](ctx, checks)

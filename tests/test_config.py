@@ -249,7 +249,7 @@ BAD_VALUES = [
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, context_fit, "
         "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, name, order, "
-        "path, render, sampling, tokenizer, tools_field, trust_remote_code, turns)",
+        "path, render, sampling, tokenizer, tools_field, truncated, trust_remote_code, turns)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),
     (lambda d: d.update(sampling=[1]), "sampling: expected mapping, got list"),

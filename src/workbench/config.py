@@ -38,8 +38,8 @@ __all__ = [
     "DedupMode",
     "InputMode",
     "Manifest",
-    "Sampling",
     "Render",
+    "Sampling",
     "SamplingOverride",
     "Turns",
     "key_lines",
@@ -61,6 +61,9 @@ Turns = Literal["last", "each"]
 # template on the client (sent to /generate as ids), or the server's (sent to
 # /v1/chat/completions as messages: what a deployment behind that endpoint feeds the model).
 Render = Literal["tokenizer", "server"]
+# What a turn cut at max_new_tokens does to a turns: each conversation: ends it (the turns
+# before it kept), or stays in the history as it was cut and the conversation goes on.
+Truncated = Literal["end", "continue"]
 Order = Literal["random", "file"]  # the order a dataset's prompts are sent in
 # What a request refused because prompt + max_new_tokens exceed the context becomes: a failed
 # prompt, or sent again once with max_new_tokens cut to fit (workbench.generate.context_fit).
@@ -151,6 +154,7 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     turns: Turns | None = None  # None: the manifest's
     tools_field: str = "tools"  # the row's tool schemas (chat inputs), passed as `tools`
     render: Render = "tokenizer"  # chat inputs: whose rendering of the history is sent
+    truncated: Truncated = "end"  # turns: each: a turn cut at max_new_tokens ends it or not
 
     def dedup_mode(self) -> DedupMode:
         """The dataset's dedup mode ("off" for a spec that sets none)."""
@@ -572,6 +576,8 @@ def _resolve_dataset(
     if ds.render == "server" and ds.input not in CHAT_INPUTS:
         raise ConfigError(f"{key}.render", "server only applies to input 'messages' or "
                           "'conversations'", source)
+    if ds.truncated != "end" and ds.turns != "each" and top.turns != "each":
+        raise ConfigError(f"{key}.truncated", "only applies with turns: each", source)
     if ds.turns == "each" and ds.input not in CHAT_INPUTS:
         raise ConfigError(f"{key}.turns", "each only applies to input 'messages' or "
                           "'conversations'", source)

@@ -196,3 +196,21 @@ def test_a_later_turn_edited_in_the_data_refuses_the_resume(
     assert refused.returncode == 2
     assert (f"dataset chat: 1 finished samples were sent another prompt than the manifest "
             f"builds now from {rows} (e.g. sample_id {sample_id}") in refused.stderr
+
+
+def test_cut_turns_go_on_when_the_dataset_says_continue(
+        tmp_path: Path, shared_sim: ServerProcess) -> None:
+    rows = chat_rows(tmp_path, 5)
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
+                                          "turns": "each", "truncated": "continue",
+                                          "sampling": {"max_new_tokens": 8}}])
+    out = tmp_path / "out"
+    done = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                     "--out", str(out), "--progress-interval", "30")
+    assert done.returncode == 0, done.stderr
+    records = jsonl(out / "chat" / "raw_responses.jsonl")
+    assert {r["finish_reason"] for r in records} == {"length"}  # every turn cut ...
+    check_turns([{**r, "finish_reason": "stop"} for r in records], 5)  # ... and none ended
+    checked = workbench("validate", str(out), "--json")
+    findings = {f["rule"] for f in json.loads(checked.stdout)["datasets"]["chat"]["findings"]}
+    assert "turn_prompt_mismatch" not in findings, checked.stdout[:2000]

@@ -43,7 +43,8 @@ PLANTED_ID = 1293  # a prompt word the simulated replies never use; decodes to P
 THINK_END, IM_END = 163607, 163586
 LATE = 12  # records appended after the run, all without a think-end id
 NOTEBOOKS = ROOT / "notebooks"
-FIGURES = {"token_distribution": 7, "format_validation": 3, "explore": 3}  # unscored: no NLL figure
+FIGURES = {"token_distribution": 10, "format_validation": 3, "explore": 3}  # unscored: no NLL figure;
+# token_distribution: 3 of them say the run has no dataset regenerated turn by turn
 
 
 # --- the run ---------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class ChatData:
         self.mode = str(ds.settings.get("input") or "messages")
         self.tools_field = str(ds.settings.get("tools_field") or "tools")
         self.id_field = str(ds.settings.get("id_field") or "sample_id")
+        self.truncated = str(ds.settings.get("truncated") or "end")  # a cut turn's fate
         self._spans: dict[SampleId, tuple[int, int, int]] = {}  # id -> line, offset, size
         self._values: dict[SampleId, tuple[Any, Any]] = {}  # Parquet: id -> input, tools
         if self.path.suffix.lower() in _PARQUET:

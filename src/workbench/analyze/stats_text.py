@@ -74,8 +74,8 @@ _TURN_HEADERS = ("turn", "records", "completion tok")
 def _turn_lines(name: str, turns: TurnStats) -> list[str]:
     """A turns dataset's conversations, its completion tokens by turn and its early ends."""
     mean = "-" if turns.mean_turns is None else f"{turns.mean_turns:.2f}"
-    lines = [f"{name}: {turns.conversations:,} conversations, {turns.turns:,} turns "
-             f"({mean} per conversation, max {turns.max_turns:,})"]
+    lines = [(f"{name}: {turns.conversations:,} conversations, {turns.turns:,} turns "
+              f"({mean} per conversation, max {turns.max_turns:,})")]
     rows = [[str(turn), format_count(records), format_count(tokens)]
             for turn, records, tokens in turns.by_turn]
     lines += ["  " + line for line in format_table(_TURN_HEADERS, rows).splitlines()]

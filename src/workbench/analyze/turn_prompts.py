@@ -150,7 +150,8 @@ def _check_conversation(conversation: _Conversation, data: ChatData, profile: Mo
     outputs, finishes = _outputs(conversation, len(spans) - 1)
     if outputs is None:
         return 0
-    rendered = turn_prompts(row, outputs, finishes, profile, tokenizer, kwargs)
+    rendered = turn_prompts(row, outputs, finishes, profile, tokenizer, kwargs,
+                            data.truncated)
     for turn, span in enumerate(spans):
         sent = conversation.sent(turn)
         if sent is not None:

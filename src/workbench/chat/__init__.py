@@ -24,7 +24,9 @@ from workbench.chat.rows import (
 )
 from workbench.chat.turns import (
     END_REASONS,
+    TRUNCATED,
     Ended,
+    counted_finishes,
     generation_points,
     history_digest,
     last_turn_messages,
@@ -33,12 +35,14 @@ from workbench.chat.turns import (
 
 __all__ = [
     "END_REASONS",
+    "TRUNCATED",
     "ChatRow",
     "Ended",
     "Reply",
     "RowError",
     "ToolCall",
     "assistant_message",
+    "counted_finishes",
     "generation_points",
     "history_digest",
     "last_turn_messages",

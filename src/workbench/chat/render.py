@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 from workbench.chat.replies import Reply, parse_reply
 from workbench.chat.rows import ChatRow
-from workbench.chat.turns import Ended, next_turn
+from workbench.chat.turns import Ended, counted_finishes, next_turn
 from workbench.profiles import ModelProfile, reasoning_expected
 from workbench.tokenizer import decode, encode_messages
 
@@ -48,17 +48,19 @@ def render_turn(tokenizer: Any, row: ChatRow, messages: list[dict[str, Any]],
 
 
 def turn_prompts(row: ChatRow, outputs: Sequence[Sequence[int]], finishes: Sequence[str | None],
-                 profile: ModelProfile, tokenizer: Any,
-                 kwargs: Mapping[str, Any]) -> list[TurnPrompt]:
+                 profile: ModelProfile, tokenizer: Any, kwargs: Mapping[str, Any],
+                 truncated: str | None = None) -> list[TurnPrompt]:
     """The prompts of turns 0..len(outputs): turn k's from the replies `outputs[:k]` (their
-    finish reasons `finishes`). The list stops at the first turn that cannot be sent (its
-    entry the Ended saying why) or at the row's last turn (no entry after it)."""
+    finish reasons `finishes`, read as the dataset's `truncated` says). The list stops at the
+    first turn that cannot be sent (its entry the Ended saying why) or at the row's last turn
+    (no entry after it)."""
+    finishes = counted_finishes(finishes, truncated)
     replies: list[Reply] = []
     prompts: list[TurnPrompt] = []
     for turn in range(len(outputs) + 1):
         if turn:
             replies.append(read_reply(outputs[turn - 1], profile, tokenizer, kwargs))
-        history = next_turn(row, replies, finish_reasons=[f or "" for f in finishes[:turn]])
+        history = next_turn(row, replies, finish_reasons=finishes[:turn])
         if history is None:
             break
         prompt = history if isinstance(history, Ended) else render_turn(tokenizer, row,

@@ -30,7 +30,9 @@ from workbench.chat.rows import ChatRow
 
 __all__ = [
     "END_REASONS",
+    "TRUNCATED",
     "Ended",
+    "counted_finishes",
     "generation_points",
     "history_digest",
     "last_turn_messages",
@@ -50,6 +52,18 @@ END_REASONS: dict[str, str] = {
     "failed": "the turn's request failed for good",
     "unrenderable": "the chat template refused the history holding the model's own turns",
 }
+
+
+TRUNCATED = ("end", "continue")  # what a turn cut at max_new_tokens does to its conversation
+
+
+def counted_finishes(finishes: Sequence[str | None], truncated: str | None) -> list[str]:
+    """The finish reasons `next_turn` reads: as they are when a cut turn ends its
+    conversation (``truncated: end``, the default); a cut taken as any other finish with
+    ``continue`` (the cut turn stays in the history as it was cut)."""
+    if truncated == "continue":
+        return ["stop" if f == "length" else (f or "") for f in finishes]
+    return [f or "" for f in finishes]
 
 
 class Ended(NamedTuple):

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from workbench.analyze.chat_data import CHANGED, ChatData
-from workbench.chat import ChatRow, Reply, assistant_message, next_turn
+from workbench.chat import ChatRow, Reply, assistant_message, counted_finishes, next_turn
 from workbench.chat.render import read_reply, render_turn
 from workbench.errors import DataError
 from workbench.export.conversations import render_ids
@@ -144,7 +144,8 @@ class ThreadWriter:
         """The history of the last turn; DataError when the data row no longer gives back
         the prompt it was sent."""
         last = len(turns) - 1
-        history = next_turn(row, replies[:last], finish_reasons=[t.finish for t in turns[:last]])
+        finishes = counted_finishes([t.finish for t in turns[:last]], self.data.truncated)
+        history = next_turn(row, replies[:last], finish_reasons=finishes)
         ids = (render_turn(self.tokenizer, row, history, self.kwargs)
                if isinstance(history, list) else None)
         server = self.source.ds.settings.get("render") == "server"  # its template, not ours

@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from workbench.chat import ChatRow, Ended, Reply, generation_points, history_digest, next_turn
+from workbench.chat import (
+    ChatRow,
+    Ended,
+    Reply,
+    counted_finishes,
+    generation_points,
+    history_digest,
+    next_turn,
+)
 from workbench.chat.render import read_reply, render_turn
 from workbench.config import DatasetSpec
 from workbench.generate.prompts import Prompt
@@ -85,7 +93,8 @@ class TurnRenderer:
     def after(self, row: ChatRow, replies: Sequence[Reply],
               finishes: Sequence[str]) -> list[dict[str, Any]] | Ended | None:
         """The history of the turn after `replies` (see :func:`workbench.chat.next_turn`)."""
-        return next_turn(row, replies, finish_reasons=finishes)
+        return next_turn(row, replies,
+                         finish_reasons=counted_finishes(finishes, self.spec.truncated))
 
 
 class Conversations:

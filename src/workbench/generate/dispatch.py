@@ -49,7 +49,7 @@ from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan, ServerFacts, model_name
 from workbench.generate.progress import DatasetProgress, RunSummary
 from workbench.generate.prompts import Prompt
-from workbench.generate.rendering import probe_rendering
+from workbench.generate.rendering import probe_prompt, probe_rendering
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.servers import Workers, server_gate
 from workbench.generate.watchdog import Detection, RunCounts, Watchdog, WatchdogSettings
@@ -174,9 +174,10 @@ class Runner:
         assert self._manifest.server is not None
         for ds in self.datasets.values():
             check = ds.planned.rendering
-            if check is None or check.follows != "tokenizer" or not ds.planned.pending:
+            prompt = probe_prompt(ds.planned.pending)
+            if check is None or check.follows != "tokenizer" or prompt is None:
                 continue
-            await probe_rendering(self.client, ds.planned.spec, ds.planned.pending[0],
+            await probe_rendering(self.client, ds.planned.spec, prompt,
                                   self._manifest.server.model, check, self.on_event)
         self._manifest.update()
 

@@ -470,8 +470,9 @@ class Plan:
             completion_tokens=sum(state.done.values()))
         if state.turns is not None:
             _count_turns(progress, prompts, pending, state.turns)
-        rendering = (RenderingCheck(spec.name, spec.render) if spec.input in CHAT_INPUTS
-                     else None)
+        earlier = dataset_entries(self.previous).get(spec.name, {}).get("rendering")
+        rendering = (RenderingCheck.resumed(spec.name, spec.render, earlier)
+                     if spec.input in CHAT_INPUTS else None)
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped,
                               rendering)
 

@@ -32,7 +32,8 @@ from workbench.errors import RequestFailed
 from workbench.generate.prompts import Prompt
 from workbench.server.client import SGLangClient
 
-__all__ = ["RenderingCheck", "chat_payload", "first_difference", "probe_rendering"]
+__all__ = ["RenderingCheck", "chat_payload", "first_difference", "probe_prompt",
+           "probe_rendering"]
 
 
 def chat_payload(spec: DatasetSpec, sampling: Sampling, prompt: Prompt, rid: str, model: str,
@@ -80,6 +81,18 @@ class RenderingCheck:
     example: str | None = None  # the first difference, in words
     error: str | None = None  # why the server's rendering could not be had (probe)
 
+    @classmethod
+    def resumed(cls, name: str, follows: str, earlier: Any) -> RenderingCheck:
+        """The dataset's check, going on from an earlier session's run.json entry (counts
+        kept when its data followed the same rendering)."""
+        check = cls(name, follows)
+        if isinstance(earlier, Mapping) and earlier.get("follows") == follows:
+            check.compared = _count(earlier.get("compared"))
+            check.differ = _count(earlier.get("differ"))
+            example = earlier.get("example")
+            check.example = example if isinstance(example, str) else None
+        return check
+
     def add(self, prompt: Prompt, server_ids: list[int]) -> str | None:
         """One prompt compared; the line to say when it is the dataset's first difference."""
         assert prompt.input_ids is not None
@@ -104,6 +117,16 @@ class RenderingCheck:
                 "example": self.example, "error": self.error}
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def probe_prompt(pending: list[Prompt]) -> Prompt | None:
+    """The prompt to ask the server about: the first with tools (where renderings part most
+    often), else the first."""
+    return next((p for p in pending if p.tools), pending[0] if pending else None)
+
+
 async def probe_rendering(client: SGLangClient, spec: DatasetSpec, prompt: Prompt, model: str,
                           check: RenderingCheck, say: Callable[[str], None]) -> None:
     """Ask the server how it renders `prompt`'s history (one token generated) and compare
@@ -124,7 +147,3 @@ async def probe_rendering(client: SGLangClient, spec: DatasetSpec, prompt: Promp
     if message is not None:
         say(message + "; set render: server to follow the server's")
 
-
-def entries(checks: Mapping[str, RenderingCheck]) -> dict[str, dict[str, Any]]:
-    """run.json's ``rendering`` per dataset."""
-    return {name: check.record() for name, check in checks.items()}

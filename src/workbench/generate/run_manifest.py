@@ -97,6 +97,7 @@ def dataset_record(plan: Plan, ds: PlannedDataset) -> dict[str, Any]:
         # ended early (stats' target; the prompts are its conversations)
         "target_turns": ds.progress.target if ds.progress.turns else None,
         "render": spec.render,
+        "truncated": spec.truncated,
         "rendering": None if ds.rendering is None else ds.rendering.record(),
     }
 

@@ -4,5 +4,6 @@
     alerts   the alerts of one frame
     render   a frame drawn as text or with rich, fitted to the terminal
     fit      one line fitted to a width: shorter phrases, parts given up, never wrapped
+    turns    datasets regenerated turn by turn: turns done, conversations, early ends
     monitor  the polling loop and the command
 """

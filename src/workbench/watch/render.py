@@ -1,6 +1,7 @@
-"""A monitor frame drawn: the header, a table of the datasets, the server line (its load, or
-why it is not shown, and the run's concurrency), one line per worker behind a router, then
-the alerts. :func:`render_frame` gives plain text (pipes, ``--once``), :func:`render_rich` the
+"""A monitor frame drawn: the header, a table of the datasets, one line per dataset
+regenerated turn by turn (its conversations: :mod:`workbench.watch.turns`), the server line
+(its load, or why it is not shown, and the run's concurrency), one line per worker behind a
+router, then the alerts. :func:`render_frame` gives plain text (pipes, ``--once``), :func:`render_rich` the
 same frame with colours for the live dashboard.
 
 Given a width (a terminal's), no line is longer, so nothing wraps: the table keeps its key
@@ -42,6 +43,7 @@ from workbench.watch.status import (
     run_ended,
     started,
 )
+from workbench.watch.turns import TURNS_UNIT, conversation_lines, turns_datasets
 
 __all__ = [
     "NAME_MIN",
@@ -108,19 +110,20 @@ def _eta(ds: DatasetStats, status: str, short: bool) -> str:
     return "-" if status in ("stopped", "waiting") else format_duration(ds.eta_s)
 
 
-def _done(ds: DatasetStats, short: bool) -> str:
-    """`1,234/10,000` (`1,234/?` without a target), or `12.3k/100k` when short."""
+def _done(ds: DatasetStats, short: bool, turns: bool = False) -> str:
+    """`1,234/10,000` (`1,234/?` without a target), or `12.3k/100k` when short; a dataset
+    regenerated turn by turn counts turns: `195/195 turns`."""
     count = _short_count if short else format_count
     target = "?" if ds.target_records is None else count(ds.target_records)
-    return f"{count(ds.records)}/{target}"
+    return f"{count(ds.records)}/{target}" + (f" {TURNS_UNIT}" if turns else "")
 
 
-def _row(ds: DatasetStats, status: str, now: float, short: bool) -> list[str]:
+def _row(ds: DatasetStats, status: str, now: float, short: bool, turns: bool = False) -> list[str]:
     count = _short_count if short else format_count
     return [
         ds.name,
         status,
-        _done(ds, short),
+        _done(ds, short, turns),
         count(ds.errors),
         count(ds.prompt_tokens),
         format_count(ds.avg_prompt_tokens),
@@ -142,7 +145,9 @@ def _total_status(state: MonitorState) -> str:
 
 def _rows(state: MonitorState, short: bool = False) -> list[list[str]]:
     stats = state.stats
-    rows = [_row(ds, state.statuses[name], stats.now, short) for name, ds in stats.datasets.items()]
+    turns = turns_datasets(stats)
+    rows = [_row(ds, state.statuses[name], stats.now, short, name in turns)
+            for name, ds in stats.datasets.items()]
     rows.append(_row(stats.total, _total_status(state), stats.now, short))
     return rows
 
@@ -323,7 +328,8 @@ def render_frame(state: MonitorState, width: int | None = None) -> str:
     no line longer (see the module docstring)."""
     keep, rows = _layout(state, width, gap=2)
     table = format_table([_HEADERS[i] for i in keep], [[r[i] for i in keep] for r in rows], left=2)
-    lines = [header_line(state, width), table, server_line(state, width)]
+    lines = [header_line(state, width), table, *conversation_lines(state.stats, width),
+             server_line(state, width)]
     lines += worker_lines(state, width)
     lines += [cut(str(alert), width) for alert in state.alerts] or ["no alerts"]
     return "\n".join(lines)
@@ -349,8 +355,9 @@ def render_rich(state: MonitorState, width: int | None = None) -> RenderableType
         last = number == len(rows) - 1
         cells = [Text(row[i], style=_STATUS_STYLES.get(row[i], "") if i == 1 else "") for i in keep]
         table.add_row(*cells, end_section=number == len(rows) - 2, style="bold" if last else None)
-    lines: list[RenderableType] = [_line(header_line(state, width)), table,
-                                   _line(server_line(state, width))]
+    lines: list[RenderableType] = [_line(header_line(state, width)), table]
+    lines += [_line(line) for line in conversation_lines(state.stats, width)]
+    lines.append(_line(server_line(state, width)))
     lines += [_line(line) for line in worker_lines(state, width)]
     lines += [_line(str(alert), "bold red") for alert in state.alerts] or [
         _line("no alerts", "dim")

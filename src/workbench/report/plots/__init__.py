@@ -37,6 +37,8 @@ The package, by concern; what notebooks, the explorer and tests call is re-expor
     figures        what figures share: a dataset's colour, the empty figure, log axes
     progress       where a run stands: stats_view, budget_view, budget_figure
     distributions  token distributions: histogram, CDF, scatter, reasoning, finish reasons
+    conversations  datasets regenerated turn by turn: turns per conversation, tokens by
+                   turn index, conversations ended early
     findings       the validation report: banner, findings and examples, findings figures
     quality        duplicates, benchmark contamination, loops, on-policy scores
     subset         the sent subset against the whole dataset
@@ -46,6 +48,13 @@ The package, by concern; what notebooks, the explorer and tests call is re-expor
 from __future__ import annotations
 
 from workbench.report.plots.blocks import REPORT_CSS, Rendered, report_header
+from workbench.report.plots.conversations import (
+    NO_TURNS,
+    conversations_view,
+    ended_figure,
+    turn_tokens_figure,
+    turns_per_conversation_figure,
+)
 from workbench.report.plots.distributions import (
     COMPARED,
     TRUNCATED_SYMBOL,
@@ -94,6 +103,7 @@ __all__ = [
     "FEW_SYMBOL",
     "HEIGHT",
     "NO_MATCH",
+    "NO_TURNS",
     "PALETTE",
     "REASON_COLORS",
     "REPORT_CSS",
@@ -106,6 +116,8 @@ __all__ = [
     "budget_view",
     "cdf_figure",
     "contamination_view",
+    "conversations_view",
+    "ended_figure",
     "examples_view",
     "explore_scatter",
     "findings_figure",
@@ -127,5 +139,7 @@ __all__ = [
     "stats_view",
     "subset_lengths_figure",
     "subset_view",
+    "turn_tokens_figure",
+    "turns_per_conversation_figure",
     "validation_banner",
 ]

@@ -138,9 +138,13 @@ def cdf_figure(curve: pd.DataFrame, *, log: bool = False,
 
 def _point_data(rows: pd.DataFrame) -> dict[str, Any]:
     """A trace's per-point data: ``customdata`` the record's line (its dataset is the trace's
-    legendgroup), ``hovertext`` its sample id (escaped) and finish reason. Flat arrays, which
+    legendgroup), ``hovertext`` its sample id (escaped; with its turn when the frame has a
+    ``turn`` column and the record one) and finish reason. Flat arrays, which
     plotly takes and copies whole (nested lists are checked and copied item by item)."""
     ids = pd.Series(hover_ids(rows["sample_id"]), index=rows.index, dtype=object)
+    if "turn" in rows.columns:  # a record of a conversation regenerated turn by turn
+        turns = rows["turn"].map(lambda t: "" if pd.isna(t) else f" · turn {int(t)}").astype(object)
+        ids = ids + turns
     text = "sample " + ids + "<br>finish " + rows["finish_reason"].astype(str).astype(object)
     return {"customdata": rows["line"].to_numpy(dtype="int64"), "hovertext": text.to_numpy(dtype=object)}
 

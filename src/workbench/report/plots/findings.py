@@ -98,20 +98,30 @@ def _out_of(base: object, unit: object) -> str:
     return "-" if is_nan(base) else f"{count_text(base)} {unit}"
 
 
+def _has_turns(frame: pd.DataFrame) -> bool:
+    """Whether a frame of records names turns (a dataset regenerated turn by turn)."""
+    return "turn" in frame.columns and bool(frame["turn"].notna().any())
+
+
 def examples_view(examples: pd.DataFrame) -> Rendered:
-    """Example records of each finding, model text escaped."""
+    """Example records of each finding, model text escaped; with a ``turn`` column
+    (report.turns.examples_with_turns) that names one, each example's turn beside its
+    sample id ("-" for a single-turn record)."""
+    turns = _has_turns(examples)
     rows, classes = [], []
     for r in examples.itertuples(index=False):
         where = f"{r.file}:{r.line}"
         code = (Html(f'<pre class="wb-code">{escaped(r.excerpt)}</pre>') if r.excerpt
                 else "(a prompt: no reply)" if r.file == PROMPTS_FILE else "-")
+        turn = ["-" if is_nan(r.turn) else int(r.turn)] if turns else []
         rows.append([r.dataset, r.rule, where, "-" if is_nan(r.sample_id) else r.sample_id,
-                     r.detail, code])
+                     *turn, r.detail, code])
         classes.append(f"sev-{r.severity}")
     if not rows:
         return Rendered('<div class="wb-report"><p class="wb-note">No findings, no examples.</p></div>', [])
-    body = html_table(["dataset", "rule", "where", "sample_id", "detail", "end of the reply"], rows,
-                      row_classes=classes)
+    headers = ["dataset", "rule", "where", "sample_id", *(["turn"] if turns else []), "detail",
+               "end of the reply"]
+    body = html_table(headers, rows, row_classes=classes)
     return Rendered(f'<div class="wb-report">{body}</div>', json_rows(examples))
 
 
