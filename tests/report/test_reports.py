@@ -43,8 +43,8 @@ PLANTED_ID = 1293  # a prompt word the simulated replies never use; decodes to P
 THINK_END, IM_END = 163607, 163586
 LATE = 12  # records appended after the run, all without a think-end id
 NOTEBOOKS = ROOT / "notebooks"
-FIGURES = {"token_distribution": 10, "format_validation": 3, "explore": 3}  # unscored: no NLL figure;
-# token_distribution: 3 of them say the run has no dataset regenerated turn by turn
+FIGURES = {"token_distribution": 10, "format_validation": 3, "explore": 3}  # unscored: no NLL figure
+EMPTY = {"token_distribution": 3}  # figures without traces: the run has no turns: each dataset
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -207,7 +207,8 @@ def test_report_renders_in_chromium(name: str, reports: dict[str, Any], tmp_path
         "scripts": "[...document.scripts].filter(s => s.src).length",
     })
     assert page.errors == []
-    assert page.values["graphs"] == page.values["drawn"] == FIGURES[name]
+    assert page.values["graphs"] == FIGURES[name]
+    assert page.values["drawn"] == FIGURES[name] - EMPTY.get(name, 0)
     assert page.values["pwned"] == "undefined" and page.values["scripts"] == 0
     if name != "token_distribution":
         assert PLANTED in page.values["text"]  # shown as text, not run

@@ -92,7 +92,7 @@ def test_the_conversation_frames_count_as_stats_does(run: Path) -> None:
     assert (first["min"], first["median"], first["max"], first["mean"]) == (5, 40, 70, 35)
     ended = conversations.ended
     assert dict(zip(ended["reason"], ended["conversations"], strict=True)) == dict(stats.ended)
-    assert list(ended["reason"])[0] == "no_call"  # the most frequent first
+    assert ended["reason"].iloc[0] == "no_call"  # the most frequent first
     assert ended.set_index("reason").loc["no_call", "share"] == pytest.approx(2 / 5)
     assert "no tool" in ended.set_index("reason").loc["no_call", "meaning"]
 
