@@ -29,7 +29,14 @@ from typing import Any
 
 import httpx
 
-from workbench.chat import ChatRow, Reply, next_turn, parse_messages, parse_reply
+from workbench.chat import (
+    ChatRow,
+    Reply,
+    counted_finishes,
+    next_turn,
+    parse_messages,
+    parse_reply,
+)
 from workbench.profiles import get_profile
 from workbench.resources import data_dir
 from workbench.tokenizer import decode, encode_messages, load_tokenizer
@@ -91,8 +98,9 @@ def histories(rows: dict[Any, ChatRow], records: list[dict[str, Any]],
         turns.sort(key=lambda r: r["turn"])
         replies: list[Reply] = []
         for record in turns:
-            history = next_turn(rows[sample_id], replies,
-                                finish_reasons=[r["finish_reason"] for r in turns[:len(replies)]])
+            finishes = counted_finishes([r["finish_reason"] for r in turns[:len(replies)]],
+                                        "continue")  # the manifest's truncated: continue
+            history = next_turn(rows[sample_id], replies, finish_reasons=finishes)
             if isinstance(history, list):
                 found[sample_id, record["turn"]] = history
             replies.append(parse_reply(record["output_ids"], profile,

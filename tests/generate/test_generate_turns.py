@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import EXAMPLES, jsonl, wait_until, workbench, write_manifest
 
-from workbench.chat import assistant_message, parse_reply
+from workbench.chat import assistant_message, last_turn_messages, parse_messages, parse_reply
 from workbench.profiles import get_profile
 from workbench.server.launch import ServerProcess
 from workbench.tokenizer import decode, encode_messages, load_tokenizer
@@ -214,3 +214,42 @@ def test_cut_turns_go_on_when_the_dataset_says_continue(
     checked = workbench("validate", str(out), "--json")
     findings = {f["rule"] for f in json.loads(checked.stdout)["datasets"]["chat"]["findings"]}
     assert "turn_prompt_mismatch" not in findings, checked.stdout[:2000]
+
+
+def tool_rows(folder: Path, count: int) -> Path:
+    path = folder / "tools.jsonl"
+    lines = (EXAMPLES / "data" / "tool_turns.jsonl").read_text().splitlines()[:count]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_server_renders_the_last_turn_with_its_tools(
+        tmp_path: Path, shared_sim: ServerProcess) -> None:
+    rows = tool_rows(tmp_path, 3)
+    manifest = write_manifest(tmp_path, [
+        {"name": "srv", "path": str(rows), "input": "messages", "render": "server"},
+        {"name": "tok", "path": str(rows), "input": "messages"}])
+    out = tmp_path / "out"
+    done = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                     "--out", str(out), "--progress-interval", "30")
+    assert done.returncode == 0, done.stderr
+    entries = json.loads((out / "run.json").read_text())["datasets"]
+    assert entries["srv"]["rendering"]["follows"] == "server"
+    assert entries["srv"]["rendering"]["compared"] == entries["srv"]["rendering"]["differ"] == 3
+    assert entries["tok"]["rendering"] | {"example": None} == {
+        "follows": "tokenizer", "compared": 1, "differ": 1, "example": None, "error": None}
+    assert "[tok] the server renders prompts differently from the tokenizer's" in done.stdout
+    assert "set render: server to follow the server's" in done.stdout
+    data = {row["sample_id"]: row for row in jsonl(rows)}
+    sent = {line["sample_id"]: line for line in jsonl(out / "srv" / "prompts.jsonl")}
+    tokenizer_sent = {line["sample_id"]: line for line in jsonl(out / "tok" / "prompts.jsonl")}
+    for record in jsonl(out / "srv" / "raw_responses.jsonl"):
+        row = data[record["sample_id"]]
+        history = last_turn_messages(parse_messages(row["messages"], row["tools"]))
+        reply = httpx.post(f"{shared_sim.url}/v1/chat/completions", json={
+            "messages": history, "tools": row["tools"], "max_tokens": 1,
+            "return_prompt_token_ids": True}, timeout=60).json()
+        line = sent[record["sample_id"]]
+        assert line["input_ids"] == reply["choices"][0]["prompt_token_ids"]
+        assert record["prompt_tokens"] == len(line["input_ids"]) and "history" in line
+        assert line["input_ids"] != tokenizer_sent[record["sample_id"]]["input_ids"]
