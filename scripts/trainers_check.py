@@ -8,7 +8,10 @@
 `export` runs the demo's generation on the simulator into OUT/run and writes, with the
 workbench command, OUT/tokens.jsonl, OUT/specforge.jsonl and OUT/speculators.jsonl (`--for`,
 with a max_length that fits), OUT/specforge-2048.jsonl (`--for specforge --max-length 2048`,
-SpecForge's default) and OUT/conversations.jsonl; each command's output is kept in OUT/*.txt.
+SpecForge's default) and OUT/conversations.jsonl; and of the conversations regenerated turn by
+turn (B4_tool_turns) OUT/specforge-turns.jsonl, OUT/speculators-turns.jsonl (one row per
+turn, naming its conversation and turn) and OUT/conversations-turns.jsonl (each conversation
+with every regenerated turn); each command's output is kept in OUT/*.txt.
 
 `load` imports only the trainers (no workbench) and checks against OUT/tokens.jsonl, the exact
 reference (the ids the server saw and produced, by row id):
@@ -19,7 +22,9 @@ reference (the ids the server saw and produced, by row id):
     come back shuffled; they are matched by the digest the manifest keeps);
   - conversations.jsonl through SpecForge's `kimi-k2-thinking` template path and through
     speculators' per-turn renderer, with vLLM's render endpoint replaced by the same chat
-    template applied locally (no vLLM here).
+    template applied locally (no vLLM here);
+  - the turn rows through both loaders (exact, by (id, turn) and by digest), and the
+    conversations with every regenerated turn through both template paths (info).
 
 It prints one line per check with rows exact of rows expected and exits 1 if a check that
 must be exact is not.
@@ -42,7 +47,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CHATS = "B1_glaive,B2_code"
+TURNS = "B4_tool_turns"  # the demo's conversations regenerated turn by turn
 Row = tuple[tuple[int, ...], tuple[int, ...]]
+Key = tuple[str, int | None]  # a row's conversation id and turn (None: a single-turn row)
 
 
 # ----------------------------------------------------------------------------- export step
@@ -71,6 +78,12 @@ def run_export(out: Path) -> None:
               str(out / "specforge-2048.jsonl"), "--for", "specforge", "--max-length", "2048")
     workbench(out / "conversations.txt", "export", run, "--to",
               str(out / "conversations.jsonl"), "--format", "conversations", "--only", CHATS)
+    for trainer in ("specforge", "speculators"):  # every row a turn: each names id and turn
+        workbench(out / f"{trainer}-turns.txt", "export", run, "--to",
+                  str(out / f"{trainer}-turns.jsonl"), "--for", trainer, "--only", TURNS)
+    workbench(out / "conversations-turns.txt", "export", run, "--to",
+              str(out / "conversations-turns.jsonl"), "--format", "conversations",
+              "--only", TURNS)
 
 
 def workbench(log: Path, *args: str) -> None:
@@ -94,10 +107,15 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def reference(out: Path) -> dict[str, Row]:
-    """id -> (input_ids, loss_mask) of the exact tokens export."""
-    return {row["id"]: (tuple(row["input_ids"]), tuple(row["loss_mask"]))
+def reference(out: Path) -> dict[Key, Row]:
+    """(id, turn) -> (input_ids, loss_mask) of the exact tokens export."""
+    return {(row["id"], row.get("turn")): (tuple(row["input_ids"]), tuple(row["loss_mask"]))
             for row in jsonl(out / "tokens.jsonl")}
+
+
+def manifest_key(row: list[Any], fields: list[str]) -> Key:
+    """A manifest row's (id, turn)."""
+    return row[0], row[fields.index("turn")] if "turn" in fields else None
 
 
 def manifest(path: Path) -> dict[str, Any]:
@@ -150,7 +168,7 @@ def specforge_rows(path: Path, max_length: int, tokenizer: Any = None, **options
     return [(tuple(t["payload"]["input_ids"]), tuple(t["payload"]["loss_mask"])) for t in tasks]
 
 
-def check_specforge(out: Path, ref: dict[str, Row], report: Report) -> None:
+def check_specforge(out: Path, ref: dict[Key, Row], report: Report) -> None:
     tokens = jsonl(out / "tokens.jsonl")
     got = specforge_rows(out / "tokens.jsonl", 1 << 20)
     want = [(tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in tokens]
@@ -161,7 +179,8 @@ def check_specforge(out: Path, ref: dict[str, Row], report: Report) -> None:
         length = facts["max_length"]
         got = specforge_rows(path, length)
         kept = [row for row in facts["rows"] if row[2] < length]
-        want = [tuple(part[:length] for part in ref[row[0]]) for row in kept]
+        want = [tuple(part[:length] for part in ref[manifest_key(row, facts["row_fields"])])
+                for row in kept]
         dropped = len(facts["rows"]) - len(got)
         cut = dropped + sum(row[3] > length for row in kept)  # every row over max_length
         figures = facts["lengths"]["all"]
@@ -207,7 +226,7 @@ def prepare_with_local_render(path: Path, target: Path, seq_length: int,
     dataset.save_to_disk(str(target))
 
 
-def check_speculators(out: Path, ref: dict[str, Row], report: Report) -> None:
+def check_speculators(out: Path, ref: dict[Key, Row], report: Report) -> None:
     by_digest = {digest(ids): (ids, mask) for ids, mask in ref.values()}
     for path in (out / "tokens.jsonl", out / "speculators.jsonl"):
         length = manifest(out / "speculators.jsonl")["max_length"]
@@ -234,12 +253,12 @@ def local_render() -> Callable[..., list[int]]:
     return render
 
 
-def check_conversations(out: Path, ref: dict[str, Row], report: Report) -> None:
+def check_conversations(out: Path, ref: dict[Key, Row], report: Report) -> None:
     from transformers import AutoTokenizer
 
     path = out / "conversations.jsonl"
     rows = jsonl(path)
-    want = {ref[row["id"]] for row in rows}
+    want = {ref[row["id"], None] for row in rows}
     tokenizer = AutoTokenizer.from_pretrained(str(EXAMPLES / "tokenizer"))
     got = specforge_rows(path, 1 << 16, tokenizer=tokenizer, chat_template="kimi-k2-thinking",
                          cache_dir=str(out / "specforge-cache"), cache_key="conversations",
@@ -253,6 +272,39 @@ def check_conversations(out: Path, ref: dict[str, Row], report: Report) -> None:
                 note=f" ({len(got)} rows loaded)")
 
 
+def check_turns(out: Path, ref: dict[Key, Row], report: Report) -> None:
+    """The rows of the conversations regenerated turn by turn, each naming its conversation
+    and turn, through both trainers' loaders; and the conversations with every regenerated
+    turn through their chat-template paths (info: a template re-renders history its own way)."""
+    turns = {key: row for key, row in ref.items() if key[1] is not None}
+    path = out / "specforge-turns.jsonl"
+    facts = manifest(path)
+    named = sum((row["id"], row["turn"]) in turns for row in jsonl(path))
+    got = specforge_rows(path, facts["max_length"])
+    want = [ref[manifest_key(row, facts["row_fields"])] for row in facts["rows"]]
+    report.line(f"specforge prepare_prompt_tasks {path.name}", same(got, want), len(turns),
+                note=f" ({named} rows name their conversation and turn; fields {facts['fields']})")
+    path = out / "speculators-turns.jsonl"
+    length = manifest(path)["max_length"]
+    by_digest = {digest(ids): (ids, mask) for ids, mask in turns.values()}
+    got = speculators_rows(out, path, length)
+    exact = sum(by_digest.get(digest(ids)) == (ids, mask) for ids, mask in got)
+    report.line(f"speculators prepare-data + ArrowDataset {path.name}", exact, len(turns),
+                note=f" ({len(got)} rows loaded, seq_length {length})")
+    path = out / "conversations-turns.jsonl"
+    rows = jsonl(path)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(EXAMPLES / "tokenizer"))
+    loaded = specforge_rows(path, 1 << 16, tokenizer=tokenizer, chat_template="kimi-k2-thinking",
+                            cache_dir=str(out / "specforge-cache"), cache_key="turns", num_proc=1)
+    report.line("specforge kimi-k2-thinking conversations-turns.jsonl", len(loaded), len(rows),
+                must=False, note=" (conversations loaded, every regenerated turn in each)")
+    loaded = speculators_rows(out, path, 1 << 16, render=local_render())
+    report.line("speculators prepare-data (local render) conversations-turns.jsonl", len(loaded),
+                len(rows), must=False, note=" (conversations loaded)")
+
+
 def run_load(out: Path) -> int:
     ref = reference(out)
     report = Report()
@@ -260,6 +312,7 @@ def run_load(out: Path) -> int:
         check_specforge(out, ref, report)
         check_speculators(out, ref, report)
         check_conversations(out, ref, report)
+        check_turns(out, ref, report)
     print("\n".join(report.lines))
     if report.failed:
         print(f"FAILED: {', '.join(report.failed)}")
