@@ -253,3 +253,21 @@ def test_the_server_renders_the_last_turn_with_its_tools(
         assert line["input_ids"] == reply["choices"][0]["prompt_token_ids"]
         assert record["prompt_tokens"] == len(line["input_ids"]) and "history" in line
         assert line["input_ids"] != tokenizer_sent[record["sample_id"]]["input_ids"]
+
+
+def test_a_token_budget_counts_every_turn(tmp_path: Path, shared_sim: ServerProcess) -> None:
+    rows = chat_rows(tmp_path, 30)
+    manifest = write_manifest(tmp_path, [{"name": "chat", "path": str(rows), "input": "messages",
+                                          "turns": "each", "max_tokens": 3000}])
+    out = tmp_path / "out"
+    done = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                     "--out", str(out), "--concurrency", "4", "--progress-interval", "30")
+    assert done.returncode == 0, done.stderr
+    records = jsonl(out / "chat" / "raw_responses.jsonl")
+    tokens = sum(r["completion_tokens"] for r in records)
+    assert 3000 <= tokens < 3000 + 4 * 256  # stopped at the budget (in-flight turns finish)
+    assert any(r["turn"] > 0 for r in records) and len(records) < 90
+    assert f"{tokens} completion tokens, budget 3000 tokens" in done.stdout
+    again = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
+                      "--out", str(out), "--progress-interval", "30")
+    assert again.returncode == 0 and jsonl(out / "chat" / "raw_responses.jsonl") == records
