@@ -11,9 +11,10 @@ from typing import Any
 import plotly.graph_objects as go
 import pytest
 
+from workbench.analyze import explore
 from workbench.analyze.scan import scan_run
 from workbench.analyze.stats import collect_stats
-from workbench.report import plots, turns
+from workbench.report import plots
 from workbench.report.explorer import Explorer
 from workbench.rundir.records import PromptRecord, Record, encode_line
 
@@ -74,7 +75,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def test_the_conversation_frames_count_as_stats_does(run: Path) -> None:
-    conversations = turns.conversation_frames(run)
+    conversations = explore.conversation_frames(run)
     stats = collect_stats(run).datasets["tools"].turns
     assert stats is not None and conversations.turn_datasets == ("tools",)
     assert list(conversations.summary["dataset"].cat.categories) == ["tools", "single"]  # colours
@@ -98,7 +99,7 @@ def test_the_conversation_frames_count_as_stats_does(run: Path) -> None:
 
 
 def test_the_figures_draw_the_frames(run: Path) -> None:
-    conversations = turns.conversation_frames(scan_run(run))
+    conversations = explore.conversation_frames(scan_run(run))
     hist = plots.turns_per_conversation_figure(conversations.per_conversation)
     assert isinstance(hist, go.Figure) and [t.name for t in hist.data] == ["tools"]
     assert list(hist.data[0].x) == [1, 2, 3] and list(hist.data[0].y) == pytest.approx([40, 20, 40])
@@ -123,7 +124,7 @@ def test_a_run_without_turns_says_so(run: Path) -> None:
     manifest = json.loads((run / "run.json").read_text())
     del manifest["datasets"]["tools"]
     (run / "run.json").write_text(json.dumps(manifest))
-    conversations = turns.conversation_frames(run)
+    conversations = explore.conversation_frames(run)
     assert conversations.empty and conversations.summary.empty
     view = plots.conversations_view(conversations)
     assert plots.NO_TURNS in view.html and view.data["turn_datasets"] == []
@@ -136,7 +137,7 @@ def test_a_run_without_turns_says_so(run: Path) -> None:
 
 def test_examples_name_the_turn_beside_the_sample_id(run: Path) -> None:
     scan = scan_run(run)
-    examples = turns.examples_with_turns(scan)
+    examples = explore.examples_table(scan)
     columns = list(examples.columns)
     assert columns[columns.index("sample_id") + 1] == "turn"
     tools = examples[examples["dataset"] == "tools"]

@@ -15,5 +15,9 @@
     frames      the run's header and one row per record: distributions, the explorer's filters
     tables      per-dataset tables: reasoning, finish reasons, budgets, findings (over time)
     readback    records read back from the files and shown: examples, samples, one record, search
-    explore     the notebooks' API: the report frames of the three above, re-exported
+    conversations  conversations regenerated turn by turn: turns per conversation, tokens by
+                turn, early ends by reason
+    turn_prompts  validate's check of each turn's prompt against the rendering of its history
+    chat_data   the data rows behind a run's conversations, read through run.json
+    explore     the notebooks' API: the report frames of the modules above, re-exported
 """

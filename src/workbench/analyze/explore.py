@@ -8,7 +8,8 @@ imports it from.
     workbench.analyze.frames      the run's header and one row per record
         run_overview, RunOverview       the report header: run.json facts, datasets, profile
         record_frame, RECORD_COLUMNS    one row per record: counts, finish reason, time,
-                                        reasoning and answer tokens
+                                        reasoning and answer tokens, turn and end of a
+                                        conversation regenerated turn by turn
         log_axes, wants_log             whether a token axis should be logarithmic
         histogram, cdf                  token distributions per dataset
         sample_records                  a seeded sample of each dataset's rows
@@ -24,9 +25,13 @@ imports it from.
         MIN_BUCKET_RECORDS              a bucket with fewer records says little
     workbench.analyze.readback    records read back from the files and shown
         examples_table                  the findings' example records, with an excerpt
+                                        (and the turn of a conversation's record)
         samples, Sample                 chosen records, their output decoded (or ids)
         record_detail, RecordDetail     one record in full
         search_replies                  the selected records whose decoded reply holds a text
+    workbench.analyze.conversations  datasets regenerated turn by turn (``turns: each``)
+        conversation_frames,            per dataset its conversations, turns per conversation,
+        Conversations                   completion tokens by turn index, early ends by reason
 
 Everything returns plain data (pandas frames, small frozen dataclasses);
 :mod:`workbench.report.plots` draws it.
@@ -34,6 +39,7 @@ Everything returns plain data (pandas frames, small frozen dataclasses);
 
 from __future__ import annotations
 
+from workbench.analyze.conversations import Conversations, conversation_frames
 from workbench.analyze.frames import (
     RECORD_COLUMNS,
     RunOverview,
@@ -74,11 +80,13 @@ __all__ = [
     "MIN_BUCKET_RECORDS",
     "RECORD_COLUMNS",
     "RUNNING",
+    "Conversations",
     "RecordDetail",
     "RunOverview",
     "Sample",
     "budget_table",
     "cdf",
+    "conversation_frames",
     "examples_table",
     "filter_records",
     "findings_over_time",

@@ -1,8 +1,9 @@
 """A run's header and its records as one frame: what the report's tables and plots start from.
 
     run_overview          the report header: run.json facts, datasets, model profile
-    record_frame          one row per record: token counts, finish reason, time, and the
-                          split of output_ids at the profile's think-end id
+    record_frame          one row per record: token counts, finish reason, time, the
+                          split of output_ids at the profile's think-end id, and the
+                          turn of a conversation regenerated turn by turn (NA otherwise)
     log_axes, wants_log   per token column, whether its axis should be logarithmic (the
                           values span more than two decades, or a long tail)
     histogram, cdf        completion-token distributions (linear or log-spaced bins)
@@ -66,9 +67,9 @@ __all__ = [
 ]
 
 RECORD_COLUMNS: tuple[str, ...] = (
-    "dataset", "line", "sample_id", "prompt_tokens", "completion_tokens", "cached_tokens",
-    "finish_reason", "ts", "e2e_latency", "output_len", "reasoning_tokens", "answer_tokens",
-    "closed",
+    "dataset", "line", "sample_id", "turn", "ended", "prompt_tokens", "completion_tokens",
+    "cached_tokens", "finish_reason", "ts", "e2e_latency", "output_len", "reasoning_tokens",
+    "answer_tokens", "closed",
 )  # fmt: skip
 _INT_COLUMNS = ("prompt_tokens", "completion_tokens", "cached_tokens", "output_len",
                 "reasoning_tokens", "answer_tokens")
@@ -169,6 +170,11 @@ def record_frame(
     every table of a report. Counts that cannot be read are NA (nullable Int64), never 0;
     ``finish_reason`` is "missing" when absent; ``time`` is ``ts`` as a UTC datetime. The
     split of output ids into reasoning and answer is :meth:`RecordChecker.split`.
+
+    ``turn`` (Int64) and ``ended`` (string) are a record's turn of its conversation and why
+    the conversation ended after it, for a dataset regenerated turn by turn (``turns:
+    each``); NA for a single-turn record, and for a turn after which the conversation went
+    on. Every record frame has both columns, so its shape does not depend on the run.
     """
     scan = scanned(run_dir, model_profile, datasets)
     names = [name for name in scan.files if not datasets or name in datasets]
@@ -189,6 +195,8 @@ def _typed_frame(columns: Sequence[Columns], names: list[str]) -> pd.DataFrame:
     frame = pd.DataFrame({"dataset": pd.Categorical.from_codes(codes, categories=names)})
     frame["line"] = np.array(_joined(columns, "line"), dtype="int64")
     frame["sample_id"] = pd.Series(_joined(columns, "sample_id"), dtype="object")
+    frame["turn"] = pd.array(_joined(columns, "turn"), dtype="Int64")
+    frame["ended"] = pd.array(_joined(columns, "ended"), dtype="string")
     for column in _INT_COLUMNS:
         frame[column] = pd.array(_joined(columns, column), dtype="Int64")
     reasons = _joined(columns, "finish_reason")

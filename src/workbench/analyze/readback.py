@@ -5,7 +5,8 @@ file's blocks, not its output ids. What shows a reply reads back the few records
 each from the block that holds it, and decodes their ids with a tokenizer when one is given
 (else shows the ids, the profile's special ids named: ``<end>``, ``</think>``).
 
-    examples_table        the findings' example records, with a text or id excerpt
+    examples_table        the findings' example records, with a text or id excerpt (and
+                          the turn of a record of a conversation regenerated turn by turn)
     samples, Sample       chosen records with their output decoded (or their ids)
     record_detail, RecordDetail
                           one record in full: prompt, reasoning, answer, counts, findings
@@ -121,7 +122,10 @@ def examples_table(
     a record its sample_id, finish_reason, completion_tokens and an excerpt of its end
     (decoded with `tokenizer`, else its last ids with the profile's special ids named); for
     a line of prompts.jsonl (a prompt without a record, a duplicate prompt) its sample_id.
-    Given a :func:`~workbench.analyze.scan.scan_run` result, only the examples' blocks are read."""
+    When an example is a turn of a conversation regenerated turn by turn (``turns: each``),
+    a ``turn`` column (Int64) stands beside ``sample_id``: the record's turn, or the
+    prompt's, NA for a single-turn example. Given a
+    :func:`~workbench.analyze.scan.scan_run` result, only the examples' blocks are read."""
     scan = report if isinstance(report, RunScan) else None
     report = report.report if isinstance(report, RunScan) else report
     run = scan.run if scan is not None else load_run(_required(run_dir), list(report.datasets))
@@ -132,37 +136,56 @@ def examples_table(
         findings = report.datasets[ds.name].findings
         wanted = {e.line for f in findings for e in f.examples if e.file == RAW_FILE}
         records = _rows_at(ds.raw_path, wanted, scan.files.get(ds.name) if scan else None)
-        prompt_ids = _prompt_ids_at(ds.prompts_path, {e.line for f in findings for e in f.examples
-                                                      if e.file == PROMPTS_FILE})
+        prompt_keys = _prompt_keys_at(ds.prompts_path, {e.line for f in findings for e in f.examples
+                                                        if e.file == PROMPTS_FILE})
         for finding in findings:
             for example in finding.examples:
                 row = records.get(example.line) if example.file == RAW_FILE else None
                 rows.append(_example_row(ds.name, finding, example, row, decoder, names, chars))
                 if example.file == PROMPTS_FILE:
-                    rows[-1]["sample_id"] = prompt_ids.get(example.line)
-    return pd.DataFrame(rows, columns=["dataset", "rule", "severity", "file", "line", "detail",
-                                       "sample_id", "finish_reason", "completion_tokens",
-                                       "excerpt"])
+                    rows[-1]["sample_id"], rows[-1]["turn"] = prompt_keys.get(example.line, (None, None))
+    return _examples_frame(rows)
 
 
-class _PromptId(msgspec.Struct):
+_EXAMPLE_COLUMNS = ["dataset", "rule", "severity", "file", "line", "detail", "sample_id",
+                    "finish_reason", "completion_tokens", "excerpt"]
+
+
+def _examples_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The examples, with the ``turn`` column beside ``sample_id`` when one of them has a turn."""
+    frame = pd.DataFrame(rows, columns=_EXAMPLE_COLUMNS)
+    turns = [row["turn"] for row in rows]
+    if any(turn is not None for turn in turns):
+        frame.insert(_EXAMPLE_COLUMNS.index("sample_id") + 1, "turn", pd.array(turns, dtype="Int64"))
+    return frame
+
+
+class _PromptKey(msgspec.Struct):
     sample_id: Any = None
+    turn: Any = None
 
 
-def _prompt_ids_at(path: Path, lines: set[int]) -> dict[int, Any]:
-    """The sample_id at each of the given (1-based) lines of prompts.jsonl, read up to the
-    last of them; a line that is not a prompt object is left out."""
-    found: dict[int, Any] = {}
+def _turn(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _prompt_keys_at(path: Path, lines: set[int]) -> dict[int, tuple[Any, int | None]]:
+    """The sample_id and turn (None without one) at each of the given (1-based) lines of
+    prompts.jsonl, read up to the last of them; a line that is not a prompt object is left
+    out."""
+    found: dict[int, tuple[Any, int | None]] = {}
     if not lines or not path.is_file():
         return found
-    decoder, last = msgspec.json.Decoder(_PromptId), max(lines)
+    decoder, last = msgspec.json.Decoder(_PromptKey), max(lines)
     with path.open("rb") as f:
         for number, line in enumerate(f, start=1):
             if number in lines:
                 try:
-                    found[number] = decoder.decode(line).sample_id
+                    key = decoder.decode(line)
                 except msgspec.DecodeError:
                     pass
+                else:
+                    found[number] = (key.sample_id, _turn(key.turn))
             if number >= last:
                 break
     return found
@@ -180,6 +203,7 @@ def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder
         "dataset": name, "rule": finding.rule, "severity": finding.severity,
         "file": example.file, "line": example.line, "detail": example.detail,
         "sample_id": None if row is None else row.sample_id,
+        "turn": None if row is None else row.turn,
         "finish_reason": None if row is None else row.finish_reason,
         "completion_tokens": None if row is None else row.completion_tokens,
         "excerpt": "" if row is None else _excerpt(row.output_ids, decoder, names, chars),
@@ -188,7 +212,8 @@ def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One record shown in full: its reasoning and answer as text (decoded) or ids."""
+    """One record shown in full: its reasoning and answer as text (decoded) or ids, and its
+    turn of a conversation regenerated turn by turn (None for a single-turn record)."""
 
     dataset: str
     line: int
@@ -200,6 +225,7 @@ class Sample:
     answer: str
     decoded: bool
     cut: bool
+    turn: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -230,7 +256,8 @@ def _sample(name: str, row: Row, profile: ModelProfile, reasoning: bool, decoder
     thought, cut_head = show(head) if head is not None else (None, False)
     answer, cut_tail = show(tail)
     return Sample(name, row.line, row.sample_id, row.finish_reason, row.prompt_tokens,
-                  row.completion_tokens, thought, answer, decoder is not None, cut_head or cut_tail)
+                  row.completion_tokens, thought, answer, decoder is not None, cut_head or cut_tail,
+                  row.turn)
 
 
 def samples(
@@ -266,7 +293,8 @@ def samples(
 @dataclass(frozen=True, slots=True)
 class RecordDetail:
     """One record opened in full: prompt, reasoning and answer (decoded with special tokens
-    visible, or as ids), counts, and the per-record findings it has."""
+    visible, or as ids), counts, the per-record findings it has, and its turn of a
+    conversation regenerated turn by turn (None for a single-turn record)."""
 
     dataset: str
     line: int
@@ -282,6 +310,7 @@ class RecordDetail:
     decoded: bool
     findings: tuple[tuple[str, str], ...]
     matched_stop_name: str | None = None  # the stop token's text (<|im_end|>), else the profile's name
+    turn: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -353,7 +382,7 @@ def record_detail(
         row.completion_tokens, row.cached_tokens,
         _prompt_of(ds.prompts_path, row.sample_id, decoder, names, row.turn),
         None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
-        decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names))
+        decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names), row.turn)
 
 
 def search_replies(

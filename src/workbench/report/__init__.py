@@ -5,7 +5,6 @@
     jupyter     what the driver, its kernels and JupyterLab share
     provenance  what a report was made from (params.yaml, report.json), --rerun
     plots       plotly figures and HTML views, built from shaped data
-    turns       datasets regenerated turn by turn, shaped: conversations, turns of records
     lab         JupyterLab on a run's own explorer notebook
     explorer    the explorer: a run's records, filtered, with live figures
     widgets     the explorer's ipywidgets (JupyterLab only)

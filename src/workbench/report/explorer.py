@@ -20,9 +20,10 @@ static figures and report blocks of the selection the parameters give.
 
 The filters are those of :func:`workbench.analyze.frames.filter_records` (``filters`` takes its
 keyword arguments) plus ``search``; shaping is in :mod:`workbench.analyze.frames` and
-:mod:`workbench.analyze.readback`, drawing in :mod:`workbench.report.plots`. The records carry
-their ``turn`` (:func:`workbench.report.turns.with_turns`; NA for single-turn records), which
-the hover, the record viewer and the sample cards name beside the sample id.
+:mod:`workbench.analyze.readback`, drawing in :mod:`workbench.report.plots`. A record of a
+conversation regenerated turn by turn carries its ``turn`` (the record frame's column, NA for
+single-turn records; the samples' and the opened record's ``turn``), which the hover, the
+record viewer and the sample cards name beside the sample id.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import plotly.graph_objects as go
 from workbench.analyze import frames, readback
 from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError
-from workbench.report import plots, turns
+from workbench.report import plots
 
 __all__ = ["FILTER_KEYS", "Explorer"]
 
@@ -89,7 +90,7 @@ class Explorer:
         self.overview = frames.run_overview(run_dir, model_profile=model_profile)
         profile = self.overview.model_profile
         self.scan = scan_run(run_dir, model_profile=profile)  # one read of the run, cached
-        self.records = turns.with_turns(frames.record_frame(self.scan), self.scan)
+        self.records = frames.record_frame(self.scan)
         self.findings = frames.record_findings(self.scan)
         self.compare = (None if compare_run_dir is None else
                         frames.record_frame(compare_run_dir, model_profile=profile))
@@ -253,8 +254,7 @@ class Explorer:
                 return plots.Rendered(f'<div class="wb-report"><p class="wb-note">{_HINT}</p></div>')
             return plots.record_view(None, notice=self.missing)
         state = self.record_state(self.opened.dataset, self.opened.line)
-        return plots.record_view(self.opened, notice=None if state == "selected" else _FILTERED_OUT,
-                                 turn=self.turn_of(self.opened.dataset, self.opened.line))
+        return plots.record_view(self.opened, notice=None if state == "selected" else _FILTERED_OUT)
 
     def turn_of(self, dataset: str, line: int) -> int | None:
         """A record's turn of its conversation (None for a single-turn record)."""
@@ -273,8 +273,7 @@ class Explorer:
         if not self.interactive:
             shown = readback.samples(self.scan, self.selected, n=self.samples_shown, seed=self.seed,
                                      tokenizer=self.tokenizer, chars=self.text_chars)
-            return plots.samples_view(shown, {(s.dataset, s.line): self.turn_of(s.dataset, s.line)
-                                              for s in shown})
+            return plots.samples_view(shown)
         from workbench.report import widgets
 
         if self._viewer is None:

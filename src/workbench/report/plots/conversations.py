@@ -1,7 +1,7 @@
 """Datasets regenerated turn by turn (``turns: each``), drawn from the frames of
-:func:`workbench.report.turns.conversation_frames`: a table of each dataset's conversations,
-turns per conversation, completion tokens by turn index and the conversations ended early
-by reason. A run without such a dataset says so, plainly, in the table's place and in each
+:func:`workbench.analyze.conversations.conversation_frames`: a table of each dataset's
+conversations, turns per conversation, completion tokens by turn index and the conversations
+ended early by reason. A run without such a dataset says so, plainly, in the table's place and in each
 figure.
 
 The box of a turn is drawn from the quartiles the frame holds (no statistic is computed

@@ -104,9 +104,9 @@ def _has_turns(frame: pd.DataFrame) -> bool:
 
 
 def examples_view(examples: pd.DataFrame) -> Rendered:
-    """Example records of each finding, model text escaped; with a ``turn`` column
-    (report.turns.examples_with_turns) that names one, each example's turn beside its
-    sample id ("-" for a single-turn record)."""
+    """Example records of each finding (explore.examples_table), model text escaped; with
+    a ``turn`` column (a run with conversations regenerated turn by turn), each example's
+    turn beside its sample id ("-" for a single-turn record)."""
     turns = _has_turns(examples)
     rows, classes = [], []
     for r in examples.itertuples(index=False):

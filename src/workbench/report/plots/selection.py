@@ -83,19 +83,29 @@ def selection_view(selected: pd.DataFrame, frame: pd.DataFrame, filters: Mapping
                     f"{table}</div>", data)
 
 
-def samples_view(samples: Sequence[Any],
-                 turns: Mapping[tuple[str, int], int | None] | None = None) -> Rendered:
-    """Cards of sample records (explore.samples): reasoning and answer, escaped; `turns`
-    (dataset, line -> turn) names a conversation's turn beside the sample id."""
-    turns = turns or {}
-    cards = [_sample_card(s, turns.get((s.dataset, s.line))) for s in samples]
+def _turn_of(shown: Any) -> int | None:
+    """A record's turn of its conversation (None for a single-turn one)."""
+    return getattr(shown, "turn", None)
+
+
+def _shown_data(shown: Any) -> dict[str, Any]:
+    """A sample's or a record's data; ``turn`` only for a record of a conversation."""
+    data: dict[str, Any] = shown.to_dict()
+    if data.get("turn") is None:
+        data.pop("turn", None)
+    return data
+
+
+def samples_view(samples: Sequence[Any]) -> Rendered:
+    """Cards of sample records (explore.samples): reasoning and answer, escaped; a record
+    of a conversation regenerated turn by turn names its turn beside the sample id."""
+    cards = [_sample_card(s) for s in samples]
     body = "".join(cards) or '<p class="wb-note">No record matches the filters.</p>'
-    data = [{**s.to_dict(), **({} if turns.get((s.dataset, s.line)) is None
-                               else {"turn": turns[(s.dataset, s.line)]})} for s in samples]
-    return Rendered(f'<div class="wb-report">{body}</div>', data)
+    return Rendered(f'<div class="wb-report">{body}</div>', [_shown_data(s) for s in samples])
 
 
-def _sample_card(s: Any, turn: int | None = None) -> str:
+def _sample_card(s: Any) -> str:
+    turn = _turn_of(s)
     said = "" if turn is None else f" · turn {turn}"
     title = (f"{s.dataset} · line {s.line} · sample {s.sample_id}{said} · finish {s.finish_reason} · "
              f"{count_text(s.prompt_tokens)} prompt / {count_text(s.completion_tokens)} completion tokens")
@@ -116,9 +126,9 @@ def _stop_text(detail: Any) -> str:
     return f"{name} ({detail.matched_stop})" if name and name != str(detail.matched_stop) else str(detail.matched_stop)
 
 
-def record_view(detail: Any | None, *, notice: str | None = None, turn: int | None = None) -> Rendered:
+def record_view(detail: Any | None, *, notice: str | None = None) -> Rendered:
     """One record in full (explore.record_detail): counts, findings, prompt, reasoning and
-    answer, model text escaped; the data is the detail itself (and its `turn`, for a record
+    answer, model text escaped; the data is the detail itself (its ``turn`` only for a record
     of a conversation regenerated turn by turn, named beside the sample id). `notice` says
     first, in a warning box, what the user must know about it (filtered out, not found);
     without a detail the notice alone is shown."""
@@ -127,6 +137,7 @@ def record_view(detail: Any | None, *, notice: str | None = None, turn: int | No
         return Rendered(f'<div class="wb-report"><div class="wb-card wb-record-missing">{said}</div></div>',
                         {"notice": notice})
     title = f"{detail.dataset} · line {detail.line} · sample {detail.sample_id}"
+    turn = _turn_of(detail)
     title += "" if turn is None else f" · turn {turn}"
     facts = [("finish reason", detail.finish_reason or "-"), ("matched stop", _stop_text(detail)),
              ("prompt tokens", count_text(detail.prompt_tokens)), ("completion tokens", count_text(detail.completion_tokens)),
@@ -143,7 +154,7 @@ def record_view(detail: Any | None, *, notice: str | None = None, turn: int | No
     blocks = "".join(f'<div class="wb-part">{escaped(name)} ({escaped(kind)})</div>'
                      f'<pre class="wb-code wb-record-{name.lower()}">{escaped(text) or "(empty)"}</pre>'
                      for name, text in parts)
-    data = {**detail.to_dict(), **({} if turn is None else {"turn": turn}), "notice": notice}
+    data = {**_shown_data(detail), "notice": notice}
     return Rendered(f'<div class="wb-report"><div class="wb-card wb-record">{said}<h4>{escaped(title)}</h4>'
                     f"{counts}{findings}{blocks}</div></div>", data)
 

@@ -1,38 +1,33 @@
-"""Datasets regenerated turn by turn (``turns: each``) shaped for the reports: one record per
-generated assistant turn, its ``turn`` (0-based) and, on the turn after which its
-conversation could not go on, ``ended`` (a reason of :data:`workbench.chat.END_REASONS`).
+"""Datasets regenerated turn by turn (``turns: each``) as the token-distribution report's
+"Conversations" section shows them: one record per generated assistant turn, its ``turn``
+(0-based) and, on the turn after which its conversation could not go on, ``ended`` (a reason
+of :data:`workbench.chat.END_REASONS`).
 
-    conversation_frames   the token-distribution report's "Conversations" section: per
-                          dataset its conversations, turns per conversation, completion
-                          tokens by turn index and the conversations ended early by reason
-    record_turns          each record's turn beside its dataset and line (NA when single-turn)
-    with_turns            a frame of records (dataset, line) with a ``turn`` column added
-                          beside ``sample_id``
-    examples_with_turns   explore.examples_table with the example records' turn
+    turn_datasets         the datasets regenerated turn by turn
+    conversation_frames   per such dataset its conversations, turns per conversation,
+                          completion tokens by turn index (quartiles) and the
+                          conversations ended early by reason (Conversations)
 
-Everything is shaped from the run's one scan (:func:`workbench.analyze.scan.scan_run`, its
-per-record ``turn`` and ``ended`` columns) and, for the examples that are prompts.jsonl lines,
-from the prompts' summary; nothing computes what :mod:`workbench.analyze` does not give. The
-figures count as ``workbench stats`` does (:class:`workbench.analyze.stats.TurnStats`): a
-conversation is a sample id, its turns are its records with a turn.
+Shaped from the record frame (:func:`workbench.analyze.frames.record_frame`, its ``turn`` and
+``ended`` columns), from one scan of the run. The figures count as ``workbench stats`` does
+(:class:`workbench.analyze.stats.TurnStats`): a conversation is a sample id, its turns are
+its records with a turn.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workbench.analyze.frames import RunSource, labelled, scanned
-from workbench.analyze.readback import examples_table
+from workbench.analyze.frames import RunSource, labelled, record_frame, scanned
 from workbench.analyze.scan import RunScan
 from workbench.chat import END_REASONS
-from workbench.rundir import prompt_scan
 from workbench.rundir.columns import Columns
-from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
+from workbench.rundir.layout import DatasetDir
 
 __all__ = [
     "ENDED_COLUMNS",
@@ -41,10 +36,7 @@ __all__ = [
     "TURN_TOKEN_COLUMNS",
     "Conversations",
     "conversation_frames",
-    "examples_with_turns",
-    "record_turns",
     "turn_datasets",
-    "with_turns",
 ]
 
 SUMMARY_COLUMNS = ["dataset", "conversations", "turns", "mean_turns", "max_turns", "ended_early",
@@ -95,20 +87,7 @@ def turn_datasets(scan: RunScan) -> tuple[str, ...]:
                  if _is_turns(settings.get(name), file.columns))
 
 
-def _turn_records(name: str, columns: Columns) -> pd.DataFrame:
-    """The records of one dataset that have a turn: sample_id, turn, completion_tokens, ended."""
-    frame = pd.DataFrame({
-        "sample_id": pd.Series(columns.sample_id, dtype="object"),
-        "turn": pd.array(columns.turn, dtype="Int64"),
-        "completion_tokens": pd.array(columns.completion_tokens, dtype="Int64"),
-        "ended": pd.Series(columns.ended, dtype="object"),
-    })
-    frame = frame[frame["turn"].notna()]
-    frame.insert(0, "dataset", name)
-    return frame
-
-
-def _summary(name: str, records: pd.DataFrame) -> dict[str, object]:
+def _summary(name: str, records: pd.DataFrame) -> dict[str, Any]:
     per = records.groupby("sample_id", sort=False).size()
     ended = int(records["ended"].notna().sum())
     conversations = len(per)
@@ -126,7 +105,7 @@ def _per_conversation(name: str, records: pd.DataFrame) -> pd.DataFrame:
                          "share": counts.to_numpy(dtype="float64") / total})
 
 
-def _turn_row(name: str, turn: int, group: pd.DataFrame) -> dict[str, object]:
+def _turn_row(name: str, turn: int, group: pd.DataFrame) -> dict[str, Any]:
     known = group["completion_tokens"].dropna().to_numpy(dtype="float64")
     q = np.quantile(known, [0.0, 0.25, 0.5, 0.75, 1.0]) if known.size else [np.nan] * 5
     return {"dataset": name, "turn": int(turn), "records": len(group), "counted": int(known.size),
@@ -155,6 +134,16 @@ def _frame(parts: Sequence[pd.DataFrame], columns: list[str], names: Sequence[st
     return labelled(frame[columns], names)
 
 
+def _turn_records(scan: RunScan, chosen: Sequence[str]) -> dict[str, pd.DataFrame]:
+    """Per chosen dataset, its records that have a turn (rows of the record frame)."""
+    if not chosen:
+        return {}
+    frame = record_frame(scan, datasets=chosen)
+    frame = frame[frame["turn"].notna()]
+    names = frame["dataset"].astype(str)
+    return {name: frame[names == name] for name in chosen}
+
+
 def conversation_frames(source: RunSource, *, model_profile: str | None = None) -> Conversations:
     """The conversations of every dataset regenerated turn by turn (see
     :class:`Conversations`); empty frames when the run has none. `source`: the run directory
@@ -162,8 +151,9 @@ def conversation_frames(source: RunSource, *, model_profile: str | None = None) 
     scan = scanned(source, model_profile)
     names = [ds.name for ds in scan.run.datasets] or list(scan.files)
     chosen = turn_datasets(scan)
-    records = {name: _turn_records(name, scan.files[name].columns) for name in chosen}
+    records = _turn_records(scan, chosen)
     summary = [_summary(name, part) for name, part in records.items()]
+    counts = [int(row["conversations"]) for row in summary]
     return Conversations(
         datasets=tuple(names),
         turn_datasets=chosen,
@@ -171,71 +161,6 @@ def conversation_frames(source: RunSource, *, model_profile: str | None = None) 
         per_conversation=_frame([_per_conversation(n, r) for n, r in records.items()],
                                 PER_CONVERSATION_COLUMNS, names),
         turn_tokens=_frame([_turn_tokens(n, r) for n, r in records.items()], TURN_TOKEN_COLUMNS, names),
-        ended=_frame([_ended(n, r, int(s["conversations"])) for (n, r), s in zip(records.items(), summary,
-                                                                                   strict=True)],
+        ended=_frame([_ended(n, r, c) for (n, r), c in zip(records.items(), counts, strict=True)],
                      ENDED_COLUMNS, names),
     )
-
-
-# --- the turn of a record ---------------------------------------------------------------------
-
-
-def record_turns(scan: RunScan) -> pd.DataFrame:
-    """dataset, line, turn (Int64) of every record of the run's raw files."""
-    parts = [pd.DataFrame({"dataset": name, "line": np.array(file.columns.line, dtype="int64"),
-                           "turn": pd.array(file.columns.turn, dtype="Int64")})
-             for name, file in scan.files.items()]
-    kept = [part for part in parts if not part.empty]
-    if not kept:
-        return pd.DataFrame({"dataset": pd.Series(dtype="object"), "line": pd.Series(dtype="int64"),
-                             "turn": pd.array([], dtype="Int64")})
-    return pd.concat(kept, ignore_index=True)
-
-
-def _beside_sample_id(frame: pd.DataFrame, turns: pd.Series) -> pd.DataFrame:
-    shaped = frame.copy()
-    shaped = shaped.drop(columns=["turn"], errors="ignore")
-    at = list(shaped.columns).index("sample_id") + 1 if "sample_id" in shaped.columns else len(shaped.columns)
-    shaped.insert(at, "turn", pd.array(turns.to_numpy(), dtype="Int64"))
-    return shaped
-
-
-def with_turns(frame: pd.DataFrame, scan: RunScan) -> pd.DataFrame:
-    """`frame` (records: dataset, line) with each record's ``turn`` beside ``sample_id`` (NA
-    for single-turn records)."""
-    turns = record_turns(scan)
-    keyed = turns.set_index([turns["dataset"].astype(str), "line"])["turn"]
-    index = pd.MultiIndex.from_arrays([frame["dataset"].astype(str), frame["line"].astype("int64")])
-    return _beside_sample_id(frame, keyed.reindex(index))
-
-
-def _prompt_turns(ds: DatasetDir) -> dict[int, int | None]:
-    """prompts.jsonl line -> the turn of the prompt first sent on it."""
-    if not ds.prompts_path.is_file():
-        return {}
-    try:
-        found = prompt_scan.summary(ds.prompts_path)
-    except OSError:
-        return {}
-    return dict(zip(found.first_lines, found.turns, strict=True))
-
-
-def _example_turn(file: str, dataset: str, line: int, raw: dict[tuple[str, int], object],
-                  prompts: dict[str, dict[int, int | None]]) -> object:
-    if file == PROMPTS_FILE:
-        return prompts.get(dataset, {}).get(line)
-    return raw.get((dataset, line)) if file == RAW_FILE else None
-
-
-def examples_with_turns(
-    scan: RunScan, *, tokenizer: str | os.PathLike[str] | None = None, chars: int = 400
-) -> pd.DataFrame:
-    """explore.examples_table(scan, ...) with a ``turn`` column beside ``sample_id``: the
-    example record's turn (a prompts.jsonl line: its prompt's), NA for single-turn ones."""
-    examples = examples_table(scan, tokenizer=tokenizer, chars=chars)
-    raw = {(str(d), int(line)): turn for d, line, turn in record_turns(scan).itertuples(index=False)}
-    shown = set(examples["dataset"].astype(str))
-    prompts = {ds.name: _prompt_turns(ds) for ds in scan.run.datasets if ds.name in shown}
-    turns = [_example_turn(str(r.file), str(r.dataset), int(r.line), raw, prompts)
-             for r in examples.itertuples(index=False)]
-    return _beside_sample_id(examples, pd.Series(turns, dtype="object"))
