@@ -14,6 +14,7 @@ from workbench.errors import ConfigError
 
 __all__ = [
     "PROFILES",
+    "TOOL_MARKER_TEXT",
     "ModelProfile",
     "ToolFormat",
     "ToolMarkers",
@@ -24,6 +25,17 @@ __all__ = [
 # How a model writes tool calls in its reply, by the name of SGLang's parser for it
 # (`--tool-call-parser`): Kimi-K2's marked section of calls, or Qwen's JSON in <tool_call> tags.
 ToolFormat = Literal["kimi_k2", "qwen25"]
+# The text of each tool-call marker (by ToolMarkers field), per format.
+TOOL_MARKER_TEXT: dict[ToolFormat, dict[str, str]] = {
+    "kimi_k2": {
+        "section_begin": "<|tool_calls_section_begin|>",
+        "section_end": "<|tool_calls_section_end|>",
+        "call_begin": "<|tool_call_begin|>",
+        "argument_begin": "<|tool_call_argument_begin|>",
+        "call_end": "<|tool_call_end|>",
+    },
+    "qwen25": {"call_begin": "<tool_call>", "call_end": "</tool_call>"},
+}
 
 
 class ToolMarkers(msgspec.Struct, frozen=True):

@@ -30,23 +30,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from workbench.profiles import ModelProfile, ToolFormat, ToolMarkers
+from workbench.profiles import TOOL_MARKER_TEXT, ModelProfile, ToolMarkers
 
-__all__ = ["MARKER_TEXT", "Reply", "ToolCall", "assistant_message", "parse_reply"]
+__all__ = ["Reply", "ToolCall", "assistant_message", "parse_reply"]
 
 Decode = Callable[[list[int]], str]
 
-# The text of each tool-call marker, per format, for messages.
-MARKER_TEXT: dict[ToolFormat, dict[str, str]] = {
-    "kimi_k2": {
-        "section_begin": "<|tool_calls_section_begin|>",
-        "section_end": "<|tool_calls_section_end|>",
-        "call_begin": "<|tool_call_begin|>",
-        "argument_begin": "<|tool_call_argument_begin|>",
-        "call_end": "<|tool_call_end|>",
-    },
-    "qwen25": {"call_begin": "<tool_call>", "call_end": "</tool_call>"},
-}
 KIMI_CALL_ID = re.compile(r"functions\.(?P<name>.+):(?P<index>\d+)")
 
 
@@ -142,7 +131,7 @@ def _drop_think_start(ids: list[int], profile: ModelProfile) -> list[int]:
 
 def _read_calls(answer: list[int], markers: ToolMarkers, decode: Decode) -> _Calls:
     """The answer's content and calls in the markers' format."""
-    names = MARKER_TEXT[markers.format]
+    names = TOOL_MARKER_TEXT[markers.format]
     if markers.section_begin is None:  # qwen25: the calls follow the content
         start = _index(answer, markers.call_begin)
         if start is None:
@@ -169,7 +158,7 @@ def _read_region(
 ) -> tuple[list[ToolCall], str | None]:
     """The calls of a region of consecutive ``call_begin ... call_end`` spans, and the problem
     that stopped the reading (or None)."""
-    names = MARKER_TEXT[markers.format]
+    names = TOOL_MARKER_TEXT[markers.format]
     calls: list[ToolCall] = []
     position = 0
     while position < len(region):
@@ -202,7 +191,7 @@ def _read_call(
     assert markers.argument_begin is not None  # a kimi_k2 profile names it
     cut = _index(span, markers.argument_begin)
     if cut is None:
-        return f"no {MARKER_TEXT['kimi_k2']['argument_begin']}"
+        return f"no {TOOL_MARKER_TEXT['kimi_k2']['argument_begin']}"
     call_id = "".join(decode(span[:cut]).split())
     match = KIMI_CALL_ID.fullmatch(call_id)
     if match is None:

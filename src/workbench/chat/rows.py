@@ -46,6 +46,7 @@ __all__ = [
     "SHAREGPT_ROLES",
     "ChatRow",
     "RowError",
+    "json_kind",
     "parse_conversations",
     "parse_messages",
     "parse_tools",
@@ -125,7 +126,7 @@ def parse_tools(value: Any, key: str = "tools") -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise RowError(key, f"expected a list of tool schemas, got {_kind(value)}")
+        raise RowError(key, f"expected a list of tool schemas, got {json_kind(value)}")
     return [_tool(item, f"{key}[{i}]") for i, item in enumerate(value)] or None
 
 
@@ -147,7 +148,7 @@ def _message(item: Any, where: str, calls: _CallNumbering) -> dict[str, Any]:
     data = _object(item, where)
     role = data.get("role")
     if not isinstance(role, str):
-        raise RowError(f"{where}.role", f"expected a string, got {_kind(role)}")
+        raise RowError(f"{where}.role", f"expected a string, got {json_kind(role)}")
     if role not in MESSAGE_ROLES:
         known = ", ".join(MESSAGE_ROLES)
         raise RowError(f"{where}.role", f"unknown role {role!r} (known: {known})")
@@ -205,7 +206,7 @@ def _arguments(value: Any, where: str) -> str:
         return value
     if isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
-    raise RowError(where, f"expected a JSON string or an object, got {_kind(value)}")
+    raise RowError(where, f"expected a JSON string or an object, got {json_kind(value)}")
 
 
 def _tool_reply(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise RowError(where, f"expected a string or a list of text parts, got {_kind(value)}")
+        raise RowError(where, f"expected a string or a list of text parts, got {json_kind(value)}")
     return "".join(_text_part(part, f"{where}[{i}]") for i, part in enumerate(value))
 
 
@@ -268,7 +269,7 @@ def _sharegpt_item(item: Any, where: str) -> tuple[str, Any]:
     data = _object(item, where)
     speaker = data.get("from")
     if not isinstance(speaker, str):
-        raise RowError(f"{where}.from", f"expected a string, got {_kind(speaker)}")
+        raise RowError(f"{where}.from", f"expected a string, got {json_kind(speaker)}")
     role = SHAREGPT_ROLES.get(speaker)
     if role is None:
         known = ", ".join(SHAREGPT_ROLES)
@@ -344,19 +345,19 @@ def _nonempty_list(value: Any, where: str) -> list[Any]:
 
 def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise RowError(where, f"expected a list, got {_kind(value)}")
+        raise RowError(where, f"expected a list, got {json_kind(value)}")
     return value
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise RowError(where, f"expected an object, got {_kind(value)}")
+        raise RowError(where, f"expected an object, got {json_kind(value)}")
     return value
 
 
 def _string(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise RowError(where, f"expected a string, got {_kind(value)}")
+        raise RowError(where, f"expected a string, got {json_kind(value)}")
     return value
 
 
@@ -365,7 +366,7 @@ def _optional_string(data: dict[str, Any], name: str, where: str) -> str | None:
     return None if value is None else _string(value, f"{where}.{name}")
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """A value's type in JSON terms, for messages."""
     if value is None:
         return "null"

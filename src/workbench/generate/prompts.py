@@ -43,6 +43,7 @@ from workbench.chat import (
     parse_conversations,
     parse_messages,
 )
+from workbench.chat.rows import json_kind
 from workbench.config import CHAT_INPUTS, DatasetSpec
 from workbench.errors import ConfigError, DataError
 from workbench.profiles import ModelProfile
@@ -124,7 +125,7 @@ def _sample_id(row: _Row, spec: DatasetSpec) -> int | str:
         raise row.error(f"missing {id_field!r}{_setting(spec, 'id_field')}")
     value = row.data[id_field]
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise row.error(f"{id_field} must be an int or a string, got {_kind(value)}"
+        raise row.error(f"{id_field} must be an int or a string, got {json_kind(value)}"
                         f"{_setting(spec, 'id_field')}")
     return value
 
@@ -177,7 +178,7 @@ class _PromptMaker:
     def __call__(self, sample_id: int | str, value: Any, row: _Row) -> Prompt:
         if self.mode == "text":
             if not isinstance(value, str) or not value:
-                raise row.error(f"text must be a non-empty string, got {_kind(value)}")
+                raise row.error(f"text must be a non-empty string, got {json_kind(value)}")
             return Prompt(sample_id, None, value, estimate_text_tokens(value))
         if self.mode in CHAT_INPUTS:
             return self._chat_prompt(sample_id, self._chat_row(value, row), row)
@@ -222,7 +223,7 @@ def _check_ids(value: Any, row: _Row, profile: ModelProfile, mode: str) -> None:
     """A non-empty list of ints within the profile's vocabulary (C-speed on the good path)."""
     what = "input_ids" if mode == "input_ids" else "the chat template's output"
     if not isinstance(value, list) or not value:
-        raise row.error(f"{what} must be a non-empty list of ints, got {_kind(value)}")
+        raise row.error(f"{what} must be a non-empty list of ints, got {json_kind(value)}")
     try:
         msgspec.convert(value, list[int])
         in_range = min(value) >= 0 and max(value) < profile.vocab_size
@@ -232,25 +233,12 @@ def _check_ids(value: Any, row: _Row, profile: ModelProfile, mode: str) -> None:
         return
     for i, token in enumerate(value):
         if type(token) is not int:
-            raise row.error(f"{what}[{i}] must be an int, got {_kind(token)}")
+            raise row.error(f"{what}[{i}] must be an int, got {json_kind(token)}")
         if not 0 <= token < profile.vocab_size:
             raise row.error(
                 f"{what}[{i}]: token id {token} is outside [0, {profile.vocab_size}) "
                 f"of model profile {profile.name!r}"
             )
-
-
-def _kind(value: Any) -> str:
-    """A value's type in JSON terms, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "an empty list" if not value else "a list"
-    if isinstance(value, str):
-        return "an empty string" if not value else "a string"
-    return {bool: "a boolean", int: "an int", float: "a float", dict: "an object"}.get(
-        type(value), type(value).__name__
-    )
 
 
 # --------------------------------------------------------------------------- file readers
@@ -278,7 +266,7 @@ def _jsonl_rows(path: str) -> Iterator[_Row]:
             except msgspec.DecodeError as exc:
                 raise DataError(path, f"invalid JSON: {exc}", number) from None
             if not isinstance(data, dict):
-                raise DataError(path, f"expected a JSON object, got {_kind(data)}", number)
+                raise DataError(path, f"expected a JSON object, got {json_kind(data)}", number)
             yield _Row(path, number, "line", data)
 
 

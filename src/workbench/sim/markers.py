@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from workbench.profiles import ModelProfile, ToolFormat, ToolMarkers
+from workbench.profiles import TOOL_MARKER_TEXT, ModelProfile, ToolFormat, ToolMarkers
 
-__all__ = ["EXAMPLE_LAYOUT", "MARKER_NAMES", "CallFormat", "ChatLayout", "call_format"]
+__all__ = ["EXAMPLE_LAYOUT", "CallFormat", "ChatLayout", "call_format"]
 
 
 class ChatLayout(NamedTuple):
@@ -44,17 +44,7 @@ EXAMPLE_LAYOUT = ChatLayout(
 )
 
 
-# The text of each marker (by ToolMarkers field) and whether the markers are special tokens.
-MARKER_NAMES: dict[ToolFormat, dict[str, str]] = {
-    "kimi_k2": {
-        "section_begin": "<|tool_calls_section_begin|>",
-        "section_end": "<|tool_calls_section_end|>",
-        "call_begin": "<|tool_call_begin|>",
-        "argument_begin": "<|tool_call_argument_begin|>",
-        "call_end": "<|tool_call_end|>",
-    },
-    "qwen25": {"call_begin": "<tool_call>", "call_end": "</tool_call>"},
-}
+# Whether a format's markers are special tokens.
 _SPECIAL: dict[ToolFormat, bool] = {"kimi_k2": True, "qwen25": False}
 
 
@@ -79,7 +69,7 @@ def call_format(model: ModelProfile) -> CallFormat | None:
         return None
     names = {
         getattr(markers, field): name
-        for field, name in MARKER_NAMES[markers.format].items()
+        for field, name in TOOL_MARKER_TEXT[markers.format].items()
         if getattr(markers, field) is not None
     }
     return CallFormat(markers, names, _SPECIAL[markers.format])
