@@ -8,8 +8,8 @@ which one its data follows:
 
 - ``tokenizer`` (the default): the prompt is rendered here and sent to ``/generate`` as ids;
   :func:`probe_rendering` asks the server once per dataset, when the run starts, how it
-  renders the first prompt (``/v1/chat/completions`` with ``return_prompt_token_ids``, one
-  token generated) and says whether the two differ.
+  renders a prompt with tools or history turns (:func:`probe_prompt`; ``/v1/chat/completions``
+  with ``return_prompt_token_ids``, one token generated) and says whether the two differ.
 - ``server``: the history is sent to ``/v1/chat/completions`` as messages (with the tools and
   the chat template arguments, ``return_token_ids`` and ``return_meta_info``): the prompt ids
   are the server's, what a deployment behind that endpoint feeds the model, and they are
@@ -122,9 +122,15 @@ def _count(value: Any) -> int:
 
 
 def probe_prompt(pending: list[Prompt]) -> Prompt | None:
-    """The prompt to ask the server about: the first with tools (where renderings part most
-    often), else the first."""
-    return next((p for p in pending if p.tools), pending[0] if pending else None)
+    """The prompt to ask the server about: the first with tools, else the first whose history
+    holds an assistant turn (where the renderings part: tools as the server's models dump
+    them, history turns as its messages do); None for a dataset of neither (plain chats
+    render alike), which is not asked."""
+    with_tools = next((p for p in pending if p.tools), None)
+    if with_tools is not None:
+        return with_tools
+    return next((p for p in pending
+                 if any(m.get("role") == "assistant" for m in p.messages or ())), None)
 
 
 async def probe_rendering(client: SGLangClient, spec: DatasetSpec, prompt: Prompt, model: str,
