@@ -85,7 +85,8 @@ def test_init_writes_the_examples_and_a_manifest_to_try_them(tmp_path: Path) -> 
     for path in carried:
         assert (job / path).read_bytes() == (examples / path.relative_to("examples")).read_bytes()
     manifest = load_manifest(job / "params" / "datasets.try.yaml")
-    assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok"]
+    assert [ds.name for ds in manifest.datasets] == ["B1_glaive", "B2_code", "B3_pretok",
+                                                     "B4_tool_turns"]
     paths = [Path(ds.path) for ds in manifest.datasets] + [Path(manifest.tokenizer or "")]
     assert all(path.exists() and path.is_relative_to(job.resolve()) for path in paths)
     readme = (job / "README.md").read_text()

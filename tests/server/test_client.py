@@ -53,7 +53,7 @@ async def test_generate_reads_meta_info_and_ignores_unknown_keys() -> None:
 
 
 async def test_completion_tokens_come_from_meta_info_not_output_length() -> None:
-    handler = lambda request: httpx.Response(200, json=reply(completion_tokens=2))  # noqa: E731
+    handler = lambda request: httpx.Response(200, json=reply(completion_tokens=2))
     async with client_for(handler) as client:
         result = await client.generate({"input_ids": [1]})
     assert result.completion_tokens == 2 and len(result.output_ids) == 3

@@ -123,4 +123,5 @@ def test_the_real_monitor_in_tmux_on_a_turns_run(tmp_path: Path, tmux: Tmux) -> 
                + "\n".join(tmux.screen()))
     screen = tmux.screen()
     assert all(len(line) <= 64 for line in screen) and "Traceback" not in "\n".join(screen)
-    assert any(re.search(r"running +10/14 turns", line) for line in screen), "\n".join(screen)
+    assert any(re.search(r"tools_multi\S* +\w+ +10/14 turns", line) for line in screen), (
+        "\n".join(screen))
