@@ -60,15 +60,15 @@ def run_export(out: Path) -> None:
     from workbench.demo import start_simulator
 
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / "run" / "run.json").exists():
-        server = start_simulator(out / "sim.log", {"profile": "fast", "random_seed": 0,
-                                                    "speed": 50.0})
-        try:
-            workbench(out / "generate.txt", "generate", "--datasets",
-                      str(ROOT / "params" / "datasets.demo.yaml"), "--server", server.url,
-                      "--out", str(out / "run"))
-        finally:
-            server.stop()
+    # A run already there is resumed: only what the demo manifest added since is generated.
+    server = start_simulator(out / "sim.log", {"profile": "fast", "random_seed": 0,
+                                                "speed": 50.0})
+    try:
+        workbench(out / "generate.txt", "generate", "--datasets",
+                  str(ROOT / "params" / "datasets.demo.yaml"), "--server", server.url,
+                  "--out", str(out / "run"))
+    finally:
+        server.stop()
     run = str(out / "run")
     workbench(out / "tokens.txt", "export", run, "--to", str(out / "tokens.jsonl"))
     for trainer in ("specforge", "speculators"):
@@ -130,12 +130,12 @@ class Report:
         self.lines: list[str] = []
 
     def line(self, name: str, exact: int, expected: int, *, must: bool = True,
-             note: str = "") -> None:
+             note: str = "", what: str = "rows exact") -> None:
         ok = exact == expected
         if must and not ok:
             self.failed.append(name)
         mark = "ok  " if ok else ("FAIL" if must else "info")
-        self.lines.append(f"{mark} {name}: {exact} of {expected} rows exact{note}")
+        self.lines.append(f"{mark} {name}: {exact} of {expected} {what}{note}")
 
 
 @contextlib.contextmanager
@@ -299,10 +299,16 @@ def check_turns(out: Path, ref: dict[Key, Row], report: Report) -> None:
     loaded = specforge_rows(path, 1 << 16, tokenizer=tokenizer, chat_template="kimi-k2-thinking",
                             cache_dir=str(out / "specforge-cache"), cache_key="turns", num_proc=1)
     report.line("specforge kimi-k2-thinking conversations-turns.jsonl", len(loaded), len(rows),
-                must=False, note=" (conversations loaded, every regenerated turn in each)")
+                must=False, what="conversations loaded", note=" (every regenerated turn in each)")
+    log = out / "load.log"
+    before = log.read_text().count("BoundaryUnstableError")
     loaded = speculators_rows(out, path, 1 << 16, render=local_render())
+    unstable = log.read_text().count("BoundaryUnstableError") - before
     report.line("speculators prepare-data (local render) conversations-turns.jsonl", len(loaded),
-                len(rows), must=False, note=" (conversations loaded)")
+                len(rows), must=False, what="conversations loaded",
+                note=f" ({unstable} refused by speculators with BoundaryUnstableError: the "
+                     "template drops finished turns' reasoning, so a turn's prompt is no prefix "
+                     "of the whole conversation; speculators-turns.jsonl carries those turns)")
 
 
 def run_load(out: Path) -> int:
