@@ -301,9 +301,14 @@ def check_turns(out: Path, ref: dict[Key, Row], report: Report) -> None:
     report.line("specforge kimi-k2-thinking conversations-turns.jsonl", len(loaded), len(rows),
                 must=False, what="conversations loaded", note=" (every regenerated turn in each)")
     log = out / "load.log"
-    before = log.read_text().count("BoundaryUnstableError")
+
+    def refused() -> int:
+        return sum("Failed to process conversation" in line and "BoundaryUnstable" in line
+                   for line in log.read_text().splitlines())
+
+    before = refused()
     loaded = speculators_rows(out, path, 1 << 16, render=local_render())
-    unstable = log.read_text().count("BoundaryUnstableError") - before
+    unstable = refused() - before
     report.line("speculators prepare-data (local render) conversations-turns.jsonl", len(loaded),
                 len(rows), must=False, what="conversations loaded",
                 note=f" ({unstable} refused by speculators with BoundaryUnstableError: the "
