@@ -161,6 +161,14 @@ def generate_run(base: Path, datasets: list[dict[str, Any]], server: ServerProce
     return base / "out"
 
 
+def tool_turn_rows(folder: Path, count: int) -> Path:
+    """FOLDER/tool_turns.jsonl: the first `count` example multi-turn function-calling rows."""
+    path = folder / "tool_turns.jsonl"
+    lines = (EXAMPLES / "data" / "tool_turns.jsonl").read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:count]))
+    return path
+
+
 BENCH = EXAMPLES / "benchmarks" / "tiny_bench.jsonl"
 QUOTED = ("some recent order sends a special service after that current city. The company "
           "includes a bad team now.")  # tiny_bench's tb-3, in words the example tokenizer knows

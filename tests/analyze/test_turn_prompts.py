@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import EXAMPLES, generate_run, jsonl
+from conftest import generate_run, jsonl, tool_turn_rows
 
 from workbench.analyze.findings import ValidationReport
 from workbench.analyze.score import load_scores, score_run
@@ -28,9 +28,7 @@ RULE = "turn_prompt_mismatch"
 def generated(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     """24 tool-calling conversations (turns: each), their data file inside the base folder."""
     base = tmp_path_factory.mktemp("turn-prompts")
-    data = base / "tool_turns.jsonl"
-    data.write_text("".join((EXAMPLES / "data/tool_turns.jsonl").read_text()
-                            .splitlines(keepends=True)[:24]))
+    data = tool_turn_rows(base, 24)
     return generate_run(base, [{"name": "tools", "path": str(data), "input": "messages",
                                 "turns": "each", "chat_template_kwargs": {"thinking": True}}],
                         shared_sim)

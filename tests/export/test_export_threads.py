@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, generate_run, jsonl
+from conftest import EXAMPLES, generate_run, jsonl, tool_turn_rows
 
 from workbench.chat import parse_messages
 from workbench.chat.render import render_turn
@@ -28,9 +28,7 @@ KWARGS = {"thinking": True}
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory, shared_sim: ServerProcess) -> Path:
     base = tmp_path_factory.mktemp("threads")
-    data = base / "tool_turns.jsonl"
-    data.write_text("".join((EXAMPLES / "data/tool_turns.jsonl").read_text()
-                            .splitlines(keepends=True)[:30]))
+    data = tool_turn_rows(base, 30)
     return generate_run(base, [{"name": "tools", "path": str(data), "input": "messages",
                                 "turns": "each", "chat_template_kwargs": KWARGS}], shared_sim)
 

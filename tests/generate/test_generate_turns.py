@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import EXAMPLES, jsonl, wait_until, workbench, write_manifest
+from conftest import EXAMPLES, jsonl, tool_turn_rows, wait_until, workbench, write_manifest
 
 from workbench.chat import assistant_message, last_turn_messages, parse_messages, parse_reply
 from workbench.profiles import get_profile
@@ -216,16 +216,9 @@ def test_cut_turns_go_on_when_the_dataset_says_continue(
     assert "turn_prompt_mismatch" not in findings, checked.stdout[:2000]
 
 
-def tool_rows(folder: Path, count: int) -> Path:
-    path = folder / "tools.jsonl"
-    lines = (EXAMPLES / "data" / "tool_turns.jsonl").read_text().splitlines()[:count]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def test_the_server_renders_the_last_turn_with_its_tools(
         tmp_path: Path, shared_sim: ServerProcess) -> None:
-    rows = tool_rows(tmp_path, 3)
+    rows = tool_turn_rows(tmp_path, 3)
     manifest = write_manifest(tmp_path, [
         {"name": "srv", "path": str(rows), "input": "messages", "render": "server"},
         {"name": "tok", "path": str(rows), "input": "messages"}])
