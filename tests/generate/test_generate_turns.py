@@ -17,7 +17,11 @@ import pytest
 from conftest import EXAMPLES, jsonl, tool_turn_rows, wait_until, workbench, write_manifest
 
 from workbench.chat import assistant_message, last_turn_messages, parse_messages, parse_reply
+from workbench.config import load_manifest
+from workbench.errors import ConfigError
+from workbench.generate.session import run_generation
 from workbench.profiles import get_profile
+from workbench.server.client import SGLangClient
 from workbench.server.launch import ServerProcess
 from workbench.tokenizer import decode, encode_messages, load_tokenizer
 
@@ -264,3 +268,30 @@ def test_a_token_budget_counts_every_turn(tmp_path: Path, shared_sim: ServerProc
     again = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
                       "--out", str(out), "--progress-interval", "30")
     assert again.returncode == 0 and jsonl(out / "chat" / "raw_responses.jsonl") == records
+
+
+def openai_only(request: httpx.Request) -> httpx.Response:
+    """A server whose chat completions carry no token ids (another engine, an older SGLang)."""
+    if request.url.path in ("/server_info", "/model_info"):
+        return httpx.Response(200, json={"model_path": "other/model", "version": "x"})
+    if request.url.path == "/v1/chat/completions":
+        return httpx.Response(200, json={"id": "c", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"},
+             "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}})
+    return httpx.Response(404, json={"detail": "Not Found"})
+
+
+@pytest.mark.anyio
+async def test_render_server_refused_before_anything_is_written(tmp_path: Path) -> None:
+    rows = tool_turn_rows(tmp_path, 2)
+    manifest = write_manifest(tmp_path, [{"name": "srv", "path": str(rows), "input": "messages",
+                                          "turns": "each", "render": "server"}])
+    async with SGLangClient("http://mock", transport=httpx.MockTransport(openai_only)) as client:
+        with pytest.raises(ConfigError) as refused:
+            await run_generation(load_manifest(manifest), client, tmp_path / "out")
+    line = next(n for n, text in enumerate(manifest.read_text().splitlines(), 1) if '"render"' in text)
+    assert str(refused.value).startswith(
+        f"{manifest}:{line}: datasets[0].render: server: the server does not give back the token ids "
+        "of the chat prompts it renders (dataset srv): ")
+    assert "(use render: tokenizer)" in str(refused.value)
+    assert not (tmp_path / "out").exists()

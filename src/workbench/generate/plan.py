@@ -337,6 +337,11 @@ class Plan:
         """The first loaded prompt (for a preflight request), if any."""
         return next((prompts[0] for _spec, _sampling, prompts in self._loaded if prompts), None)
 
+    def server_rendered(self) -> list[tuple[DatasetSpec, Sampling, Prompt]]:
+        """Each loaded dataset the server renders (``render: server``), with its first prompt."""
+        return [(spec, sampling, prompts[0]) for spec, sampling, prompts in self._loaded
+                if spec.render == "server" and prompts]
+
     def check_resume(self, model: str) -> None:
         """ResumeMismatch when the run in `out` was made with another model or sampling, or
         its finished samples were sent other prompts (unless ``--force``); nothing is written."""

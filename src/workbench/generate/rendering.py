@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import DatasetSpec, Sampling
-from workbench.errors import RequestFailed
+from workbench.errors import BadRequest, ConfigError, ProtocolError, RequestFailed
 from workbench.generate.prompts import Prompt
 from workbench.server.client import SGLangClient
 
-__all__ = ["RenderingCheck", "chat_payload", "first_difference", "probe_prompt",
-           "probe_rendering"]
+__all__ = ["RenderingCheck", "chat_payload", "check_server_renders", "first_difference",
+           "probe_prompt", "probe_rendering"]
 
 
 def chat_payload(spec: DatasetSpec, sampling: Sampling, prompt: Prompt, rid: str, model: str,
@@ -115,6 +115,28 @@ class RenderingCheck:
         """run.json's ``rendering`` of the dataset."""
         return {"follows": self.follows, "compared": self.compared, "differ": self.differ,
                 "example": self.example, "error": self.error}
+
+
+async def check_server_renders(client: SGLangClient, spec: DatasetSpec, prompt: Prompt,
+                                model: str) -> None:
+    """ConfigError naming the dataset's `render` key when the server does not give a chat
+    prompt's token ids back (/v1/chat/completions with return_token_ids and
+    return_meta_info, one token): before anything is written, not as one failed turn after
+    another. An outage or a busy server is the run's to wait for, not an answer."""
+    rid = f"workbench-render-{random.getrandbits(64):016x}"
+    payload = chat_payload(spec, Sampling(temperature=0.0, max_new_tokens=1), prompt, rid, model)
+    try:
+        await client.chat_generate(payload)
+    except (ProtocolError, BadRequest) as exc:
+        origin = spec.origin
+        message = (f"server: the server does not give back the token ids of the chat prompts "
+                   f"it renders (dataset {spec.name}): {exc} (use render: tokenizer)")
+        if origin is None:
+            raise ConfigError("render", message) from None
+        raise ConfigError(f"datasets[{origin.index}].render", message, origin.source,
+                          origin.lines.get("render", origin.item_line)) from None
+    except RequestFailed:
+        return
 
 
 def _count(value: Any) -> int:

@@ -21,7 +21,7 @@ that says another model, or other sampling parameters for a dataset (:func:`chec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,19 @@ from workbench.rundir.layout import DatasetDir
 from workbench.rundir.line_index import LineSpan, index_lines, span_reader
 from workbench.rundir.manifest import dataset_entries, manifest_path
 from workbench.rundir.reader import iter_blocks
-from workbench.rundir.records import PromptRecord, SampleId, encode_line, is_finished
+from workbench.rundir.records import PromptRecord, Row, SampleId, encode_line, is_finished
 
-__all__ = ["DatasetResume", "TurnResume", "check_settings", "conflict_message", "prompt_line",
-           "read_resume", "same_prompt", "sent_line"]
+__all__ = [
+    "DatasetResume",
+    "TurnResume",
+    "check_settings",
+    "conflict_message",
+    "finished_rows",
+    "prompt_line",
+    "read_resume",
+    "same_prompt",
+    "sent_line",
+]
 
 _PROMPT = msgspec.json.Decoder(PromptRecord)
 
@@ -106,19 +115,27 @@ def read_resume(folder: DatasetDir, prompts: list[Prompt], complete: bool) -> Da
     return state
 
 
-def _read_records(path: Path, state: DatasetResume) -> None:
-    """Finished records (the first of each id counts), every line of each id, the rest."""
+def finished_rows(path: Path, state: DatasetResume) -> Iterator[Row]:
+    """The finished records of path, in file order; every line of each id noted in
+    `state.lines`, the lines that are no finished record in `state.rejected`."""
     for block in iter_blocks(path):
         bad = {p.line for p in block.problems if p.kind != "torn"}
         state.rejected |= bad
         for row in block.rows:
             if row.sample_id is not None:
                 state.lines.setdefault(row.sample_id, []).append(row.line)
-            if not is_finished(row, row.line not in bad):
+            if is_finished(row, row.line not in bad):
+                yield row
+            else:
                 state.rejected.add(row.line)
-            elif row.sample_id not in state.done:
-                assert row.sample_id is not None and row.completion_tokens is not None
-                state.done[row.sample_id] = row.completion_tokens
+
+
+def _read_records(path: Path, state: DatasetResume) -> None:
+    """Finished records (the first of each id counts), every line of each id, the rest."""
+    for row in finished_rows(path, state):
+        if row.sample_id not in state.done:
+            assert row.sample_id is not None and row.completion_tokens is not None
+            state.done[row.sample_id] = row.completion_tokens
 
 
 def _compare(path: Path, state: DatasetResume, prompts: list[Prompt], complete: bool) -> None:

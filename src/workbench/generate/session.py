@@ -5,7 +5,9 @@ dataset named like one of the run directory's own entries (``run.json``, ...), l
 prompts (bad input fails before any server is asked), reads the server's ``/server_info``
 and ``/model_info`` (an unreachable server raises ServerUnreachable), checks the resume,
 sends one 1-token preflight request when asked (a reply that is not SGLang's shape, or a
-refused request, fails the run before anything is written), then holds the run
+refused request, fails the run before anything is written), asks the server once per
+``render: server`` dataset whether it gives back the token ids of the chat prompts it
+renders (a ConfigError naming the dataset's key when not), then holds the run
 directory's writer lock while it runs. :func:`run_with_view` does the same under
 ``asyncio.run`` with Ctrl-C / SIGTERM handling and a progress view.
 """
@@ -23,9 +25,10 @@ from workbench.config import Manifest
 from workbench.errors import BadRequest, ProtocolError, RequestFailed
 from workbench.generate.dispatch import Runner
 from workbench.generate.launched import LaunchedServer, LaunchSettings, launched_server
-from workbench.generate.plan import GenerateOptions
+from workbench.generate.plan import GenerateOptions, model_name
 from workbench.generate.progress import RunSummary
 from workbench.generate.prompts import Prompt
+from workbench.generate.rendering import check_server_renders
 from workbench.generate.views import View
 from workbench.generate.watchdog import Detection, WatchdogSettings
 from workbench.rundir.layout import check_dataset_names
@@ -120,6 +123,8 @@ async def run_generation(
     first = runner.first_prompt()
     if options.preflight and first is not None:
         await preflight(client, first)
+    for spec, _sampling, prompt in runner.plan.server_rendered():  # render: server works
+        await check_server_renders(client, spec, prompt, model_name(server_info, model_info))
     try:
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -34,11 +34,17 @@ from workbench.chat import ChatRow, Ended, Reply, generation_points
 from workbench.config import DatasetSpec
 from workbench.generate.conversations import Conversations, TurnRenderer
 from workbench.generate.prompts import Prompt
-from workbench.generate.resume import DatasetResume, TurnResume, prompt_line, same_prompt
+from workbench.generate.resume import (
+    DatasetResume,
+    TurnResume,
+    finished_rows,
+    prompt_line,
+    same_prompt,
+)
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.line_index import LineSpan, span_reader
 from workbench.rundir.reader import iter_blocks
-from workbench.rundir.records import Row, SampleId, is_finished
+from workbench.rundir.records import Row, SampleId
 
 __all__ = ["read_turn_resume"]
 
@@ -80,20 +86,13 @@ def _finished_turns(path: Path, state: DatasetResume) -> dict[SampleId, list[Row
     """Each conversation's finished records of turns 0..j-1 (no gap); the other lines
     rejected; samples with a record without a turn changed."""
     found: dict[SampleId, dict[int, Row]] = {}
-    for block in iter_blocks(path):
-        bad = {p.line for p in block.problems if p.kind != "torn"}
-        state.rejected |= bad
-        for row in block.rows:
-            if row.sample_id is not None:
-                state.lines.setdefault(row.sample_id, []).append(row.line)
-            if not is_finished(row, row.line not in bad):
-                state.rejected.add(row.line)
-            elif row.turn is None:
-                if row.sample_id not in state.changed:
-                    state.changed.append(row.sample_id)
-            else:
-                assert row.sample_id is not None
-                found.setdefault(row.sample_id, {}).setdefault(row.turn, row)
+    for row in finished_rows(path, state):
+        assert row.sample_id is not None
+        if row.turn is None:
+            if row.sample_id not in state.changed:
+                state.changed.append(row.sample_id)
+        else:
+            found.setdefault(row.sample_id, {}).setdefault(row.turn, row)
     records: dict[SampleId, list[Row]] = {}
     for sample_id, turns in found.items():
         if sample_id in state.changed:
