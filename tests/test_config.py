@@ -162,11 +162,17 @@ def test_kimi_manifest_is_valid_once_its_paths_exist(workdir: Path) -> None:
     text = (ROOT / "params" / "datasets.kimi-k25.yaml").read_text()
     for absolute in sorted(set(re.findall(r"(/data/eagle3/prompts/\S+)", text))):
         (workdir / "data" / Path(absolute).name).write_text("")
+    (workdir / "data" / "requests-sample.jsonl").write_text(
+        '{"chat_template_kwargs": {"thinking": true}}\n' * 3 + '{"chat_template_kwargs": {"thinking": false}}\n')
     text = text.replace("/data/eagle3/prompts/", "../data/").replace("/models/Kimi-K2.5", "../tok")
+    text = text.replace("/data/eagle3/deployment/", "../data/")
     manifest = load_manifest(write_manifest(workdir, yaml.safe_load(text)))
     assert manifest.model_profile == "kimi-k2.5"
     assert all(ds.trust_remote_code for ds in manifest.datasets)
     assert manifest.dataset("B2_code").id_field == "id"
+    turns = manifest.dataset("B4_tool_turns")
+    assert [(m.name, m.weight) for m in turns.mode_list()] == [("thinking=true", 3.0),
+                                                               ("thinking=false", 1.0)]
 
 
 def test_dataset_lookup_names_known_datasets(workdir: Path) -> None:
@@ -242,13 +248,13 @@ BAD_VALUES = [
     (
         lambda d: d.update(dataset=[]),
         "dataset: unknown key "
-        "(known: concurrency, datasets, dedup, dedup_threshold, model_profile, order, sampling, "
+        "(known: concurrency, datasets, dedup, dedup_threshold, model_profile, modes, order, sampling, "
         "tokenizer, trust_remote_code, turns)",
     ),
     (
         lambda d: d["datasets"][0].update(max_sample=3),
         "datasets[0].max_sample: unknown key (known: chat_template_kwargs, context_fit, "
-        "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, name, order, "
+        "context_fit_min_tokens, dedup, id_field, input, max_samples, max_tokens, modes, name, order, "
         "path, render, sampling, tokenizer, tools_field, truncated, trust_remote_code, turns)",
     ),
     (lambda d: d.update(datasets={"name": "a"}), "datasets: expected list, got mapping"),

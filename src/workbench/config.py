@@ -25,6 +25,7 @@ import msgspec
 import yaml
 
 from workbench.errors import ConfigError
+from workbench.modes import deployment_mix
 from workbench.profiles import get_profile
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "DedupMode",
     "InputMode",
     "Manifest",
+    "Mode",
     "Render",
     "Sampling",
     "SamplingOverride",
@@ -45,12 +47,14 @@ __all__ = [
     "key_lines",
     "load_manifest",
     "load_yaml_params",
+    "override",
     "with_line",
 ]
 
 T = TypeVar("T")
 
 DATASET_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MODE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,-]{0,63}$")
 
 InputMode = Literal["input_ids", "text", "messages", "conversations"]
 CHAT_INPUTS = ("messages", "conversations")  # the input modes rendered with a chat template
@@ -113,6 +117,30 @@ class SamplingOverride(msgspec.Struct, forbid_unknown_fields=True):
     max_new_tokens: Positive | None = None
 
 
+Weight = Annotated[float, msgspec.Meta(gt=0.0)]
+
+
+class Mode(msgspec.Struct, forbid_unknown_fields=True):
+    """One mode of a dataset that mixes modes (`modes`): its name (on every record it gives),
+    its weight (relative to the others'), the chat-template arguments it sets over the
+    dataset's, and its sampling overrides over the dataset's."""
+
+    name: str
+    weight: Weight = 1.0
+    chat_template_kwargs: dict[str, Any] = {}
+    sampling: SamplingOverride | None = None
+
+
+class ModesFrom(msgspec.Struct, forbid_unknown_fields=True):
+    """`modes: {from: FILE}`: the modes and weights of a sample of a deployment's
+    chat-completion request bodies (JSONL; :func:`workbench.modes.deployment_mix`)."""
+
+    from_: str = msgspec.field(name="from")
+
+
+_ModesSetting = list[Mode] | ModesFrom
+
+
 class DatasetOrigin(msgspec.Struct, frozen=True):
     """Where a dataset is written in its manifest: the file (as given), the dataset's index
     in `datasets` and the YAML line of the item (`item_line`) and of each key it sets."""
@@ -155,6 +183,7 @@ class _DatasetEntry(msgspec.Struct, forbid_unknown_fields=True):
     tools_field: str = "tools"  # the row's tool schemas (chat inputs), passed as `tools`
     render: Render = "tokenizer"  # chat inputs: whose rendering of the history is sent
     truncated: Truncated = "end"  # turns: each: a turn cut at max_new_tokens ends it or not
+    modes: _ModesSetting | None = None  # None: the manifest's (none: one mode)
 
     def dedup_mode(self) -> DedupMode:
         """The dataset's dedup mode ("off" for a spec that sets none)."""
@@ -176,6 +205,22 @@ class DatasetSpec(_DatasetEntry, forbid_unknown_fields=True):
     """
 
     origin: DatasetOrigin | None = None
+    modes_source: str | None = None  # the deployment sample `modes: {from}` read, absolute
+
+    def mode_list(self) -> list[Mode]:
+        """The dataset's modes ([] for a dataset that mixes none)."""
+        return self.modes if isinstance(self.modes, list) else []
+
+    def mode(self, name: str | None) -> Mode | None:
+        """The mode called `name` (None for none, or an unknown name)."""
+        return next((m for m in self.mode_list() if m.name == name), None)
+
+    def template_kwargs(self, mode: str | None = None) -> dict[str, Any]:
+        """The chat-template arguments of a prompt of `mode`: the mode's over the dataset's."""
+        chosen = self.mode(mode)
+        if chosen is None or not chosen.chat_template_kwargs:
+            return self.chat_template_kwargs
+        return {**self.chat_template_kwargs, **chosen.chat_template_kwargs}
 
 
 class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -191,6 +236,7 @@ class _ManifestFile(msgspec.Struct, forbid_unknown_fields=True):
     dedup: _DedupSetting = "off"
     dedup_threshold: Threshold | None = None  # None: DEDUP_THRESHOLD
     turns: Turns = "last"
+    modes: _ModesSetting | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True):
@@ -217,12 +263,22 @@ class Manifest(msgspec.Struct, kw_only=True):
         """The manifest's sampling with the dataset's overrides applied."""
         if ds.sampling is None:
             return self.sampling
-        changes = {
-            field: value
-            for field in ds.sampling.__struct_fields__
-            if (value := getattr(ds.sampling, field)) is not None
-        }
-        return msgspec.structs.replace(self.sampling, **changes)
+        return override(self.sampling, ds.sampling)
+
+    def mode_sampling(self, ds: DatasetSpec, mode: str | None) -> Sampling:
+        """The dataset's sampling with the overrides of its mode called `mode`."""
+        sampling = self.sampling_for(ds)
+        chosen = ds.mode(mode)
+        if chosen is None or chosen.sampling is None:
+            return sampling
+        return override(sampling, chosen.sampling)
+
+
+def override(sampling: Sampling, changes: SamplingOverride) -> Sampling:
+    """`sampling` with the values `changes` sets."""
+    values = {field: value for field in changes.__struct_fields__
+              if (value := getattr(changes, field)) is not None}
+    return msgspec.structs.replace(sampling, **values) if values else sampling
 
 
 # ------------------------------------------------------------------------------ YAML
@@ -591,6 +647,7 @@ def _resolve_dataset(
             f"input {ds.input!r} needs a tokenizer (set it here or at the top level)",
             source,
         )
+    modes, modes_source = _resolve_modes(ds, top, base, key, source)
     data_path = _resolve(ds.path, base)
     if not data_path.is_file():
         reason = "not a regular file" if data_path.exists() else "file not found"
@@ -602,8 +659,52 @@ def _resolve_dataset(
         "order": ds.order or top.order,
         "dedup": _dedup_mode(ds.dedup, f"{key}.dedup", source) or top.dedup,
         "turns": ds.turns or (top.turns if ds.input in CHAT_INPUTS else "last"),
+        "modes": modes or None,
+        "modes_source": modes_source,
     }
     return DatasetSpec(**{**msgspec.structs.asdict(ds), **resolved}, origin=origin)
+
+
+def _resolve_modes(ds: _DatasetEntry, top: _ManifestFile, base: Path, key: str,
+                   source: str) -> tuple[list[Mode], str | None]:
+    """The dataset's modes (its own, else the manifest's for a chat input; a deployment
+    sample read into modes) and the sample's absolute path; ConfigError naming the key."""
+    setting, where = ds.modes, f"{key}.modes"
+    if setting is None and ds.input in CHAT_INPUTS:
+        setting, where = top.modes, "modes"
+    if setting is None:
+        return [], None
+    sample: str | None = None
+    if isinstance(setting, ModesFrom):
+        path = _resolve(setting.from_, base)
+        if not path.is_file():
+            raise ConfigError(f"{where}.from", f"file not found: {path}", source)
+        sample = str(path)
+        setting = [Mode(m.name, float(m.count), m.chat_template_kwargs)
+                   for m in deployment_mix(path, str(path))]
+    _check_modes(setting, ds.input, where, source)
+    return setting, sample
+
+
+def _check_modes(modes: list[Mode], input_mode: str, key: str, source: str) -> None:
+    if not modes:
+        raise ConfigError(key, "expected at least one mode (or leave modes out)", source)
+    seen: dict[str, int] = {}
+    for i, mode in enumerate(modes):
+        if not MODE_NAME_PATTERN.fullmatch(mode.name):
+            raise ConfigError(f"{key}[{i}].name", f"{mode.name!r} is not a mode name (letters, "
+                              "digits and '.', '_', '-', '=', ',', at most 64 characters)",
+                              source)
+        if mode.name in seen:
+            raise ConfigError(f"{key}[{i}].name",
+                              f"duplicate name {mode.name!r} (also {key}[{seen[mode.name]}])",
+                              source)
+        seen[mode.name] = i
+        if mode.chat_template_kwargs and input_mode not in CHAT_INPUTS:
+            raise ConfigError(f"{key}[{i}].chat_template_kwargs",
+                              "only applies to input 'messages' or 'conversations'", source)
+        if mode.sampling is not None:
+            _check_sampling(mode.sampling, f"{key}[{i}].sampling", source)
 
 
 def _resolve(path: str, base: Path) -> Path:

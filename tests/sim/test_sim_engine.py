@@ -31,6 +31,7 @@ from workbench.sim.outputs import (
     fixed_output,
     output_seed,
     plan_output,
+    prompt_thinks,
     render_text,
     tokenize_text,
 )
@@ -546,6 +547,17 @@ def test_stop_finished_outputs_are_well_formed_reasoning() -> None:
         assert 0 < think_end < len(ids) - 2
         low, high = KIMI.sim_content_ids
         assert all(low <= token < high for token in ids[:think_end] + ids[think_end + 1 : -1])
+
+
+def test_a_prompt_that_closed_the_reasoning_gets_an_answer_only() -> None:
+    qwen = get_profile("qwen3")
+    assert prompt_thinks(KIMI, [5, 6, THINK_START])
+    assert not prompt_thinks(KIMI, [5, 6, THINK_START, THINK_END])  # Kimi, thinking off
+    assert not prompt_thinks(qwen, [5, qwen.think_start, 198, 198, qwen.think_end, 198, 198])
+    assert not prompt_thinks(KIMI, "question <think></think> ") and prompt_thinks(KIMI, "a b")
+    for seed in range(200):
+        ids = plan_output(KIMI, SHAPE, seed, 100_000, thinking=False).output_ids
+        assert THINK_END not in ids and THINK_START not in ids and ids[-1] == IM_END
 
 
 def test_output_lengths_follow_the_shape() -> None:

@@ -53,6 +53,9 @@ def add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--max-tokens-per-dataset", type=positive_int,
                    help="completion-token budget per dataset")
     p.add_argument("--max-new-tokens", type=positive_int, help="override sampling.max_new_tokens")
+    p.add_argument("--seed", type=non_negative_int,
+                   help="the seed of a new run's send order and mode draw (a resume keeps its "
+                        "run's; default: a fresh one, kept in run.json as order_seed)")
     p.add_argument("--max-attempts", type=positive_int, default=5, help="attempts per prompt (5)")
     p.add_argument("--no-resume", action="store_true",
                    help="start over (existing outputs are moved aside, never deleted)")
@@ -112,7 +115,7 @@ def _options_from_args(args: argparse.Namespace) -> Any:
         progress_interval=_progress_interval(args.progress_interval), grace_period=args.grace_period,
         request_timeout=args.request_timeout, preflight=True, server_wait=args.server_wait,
         disk_wait=args.disk_wait, gpus=args.gpus, decontaminate=args.decontaminate,
-        benchmark_field=args.benchmark_field, ngram=args.ngram,
+        benchmark_field=args.benchmark_field, ngram=args.ngram, seed=args.seed,
     )
 
 

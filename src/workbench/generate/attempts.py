@@ -45,10 +45,10 @@ from workbench.generate.gate import Gate
 from workbench.generate.plan import GenerateOptions, Plan
 from workbench.generate.prompts import Prompt
 from workbench.generate.rendering import chat_payload
-from workbench.generate.resume import sent_line
+from workbench.generate.resume import prompt_record, sent_line
 from workbench.generate.run_manifest import RunManifest
 from workbench.generate.writer import RunWriter
-from workbench.rundir.records import ErrorRecord, PromptRecord, Record
+from workbench.rundir.records import ErrorRecord, Record
 from workbench.server.client import GenerateResult, SGLangClient, check_reply, redact_url
 from workbench.text import format_duration
 
@@ -132,9 +132,7 @@ class Attempts:
         ds.budget.start(prompt.sample_id, time.perf_counter())
         if ds.planned.spec.render != "server":  # else written with its reply
             assert ds.prompts is not None
-            self.writer.write(ds.prompts, PromptRecord(prompt.sample_id,
-                                                       input_ids=prompt.input_ids,
-                                                       turn=prompt.turn))
+            self.writer.write(ds.prompts, prompt_record(prompt))
         return True
 
     async def _send(self, ds: SendingDataset, prompt: Prompt, long: bool) -> _Followup | None:
@@ -169,7 +167,7 @@ class Attempts:
                 self.slots.release(long)
                 holding = False
                 cut = None if fitted is not None else context_cut(
-                    ds.planned.spec, ds.planned.sampling.max_new_tokens, prompt, error,
+                    ds.planned.spec, ds.planned.sampling_of(prompt).max_new_tokens, prompt, error,
                     self.manifest.server)
                 fitted = cut or fitted
                 lost_last = isinstance(error, ConnectionLost) and lost < MAX_CONNECTION_LOSSES
@@ -210,9 +208,9 @@ class Attempts:
         rid = f"{ds.name}-{prompt.sample_id}-{attempt}-{self._rng.getrandbits(32):08x}"
         if ds.planned.spec.render == "server":
             assert self.manifest.server is not None
-            return chat_payload(ds.planned.spec, ds.planned.sampling, prompt, rid,
+            return chat_payload(ds.planned.spec, ds.planned.sampling_of(prompt), prompt, rid,
                                 self.manifest.server.model, max_new_tokens)
-        payload: dict[str, Any] = {"sampling_params": ds.planned.sampling.to_sglang(),
+        payload: dict[str, Any] = {"sampling_params": ds.planned.sampling_of(prompt).to_sglang(),
                                    "rid": rid}
         if max_new_tokens is not None:  # cut to fit the context (context_fit)
             payload["sampling_params"]["max_new_tokens"] = max_new_tokens
@@ -299,6 +297,7 @@ class Attempts:
             max_new_tokens_reduced=msgspec.UNSET if reduced is None else reduced,
             turn=msgspec.UNSET if prompt.turn is None else prompt.turn,
             ended=msgspec.UNSET if following.ended is None else following.ended,
+            mode=msgspec.UNSET if prompt.mode is None else prompt.mode,
         )
         sent = server_ids if server_ids is not None else prompt.input_ids
         if sent is not None and result.prompt_tokens != len(sent):

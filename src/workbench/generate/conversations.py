@@ -73,22 +73,25 @@ class TurnRenderer:
         self.tokenizer: Any = load_tokenizer(spec.tokenizer,
                                              trust_remote_code=spec.trust_remote_code)
 
-    def reply(self, output_ids: Sequence[int]) -> Reply:
-        """The model's turn as a client reads it: reasoning, content, tool calls."""
+    def reply(self, output_ids: Sequence[int], mode: str | None) -> Reply:
+        """The model's turn (in the conversation's `mode`) as a client reads it: reasoning,
+        content, tool calls."""
         return read_reply(output_ids, self.profile, self.tokenizer,
-                          self.spec.chat_template_kwargs)
+                          self.spec.template_kwargs(mode))
 
     def prompt(self, sample_id: SampleId, row: ChatRow, messages: list[dict[str, Any]],
-               turn: int) -> Prompt | Ended:
-        """Turn `turn`'s prompt: `messages` through the chat template (tools declared), or
-        Ended ``unrenderable`` when the template refuses them."""
-        ids = render_turn(self.tokenizer, row, messages, self.spec.chat_template_kwargs)
+               turn: int, mode: str | None) -> Prompt | Ended:
+        """Turn `turn`'s prompt: `messages` through the chat template (tools declared, the
+        arguments of the conversation's `mode`), or Ended ``unrenderable`` when the template
+        refuses them."""
+        kwargs = self.spec.template_kwargs(mode)
+        ids = render_turn(self.tokenizer, row, messages, kwargs)
         if isinstance(ids, Ended):
             return ids
-        digest = (history_digest(messages, row.tools, self.spec.chat_template_kwargs)
+        digest = (history_digest(messages, row.tools, kwargs)
                   if self.spec.render == "server" else None)
         return Prompt(sample_id, ids, None, len(ids), chat=row, turn=turn, messages=messages,
-                      tools=row.tools, digest=digest)
+                      tools=row.tools, digest=digest, mode=mode)
 
     def after(self, row: ChatRow, replies: Sequence[Reply],
               finishes: Sequence[str]) -> list[dict[str, Any]] | Ended | None:
@@ -124,11 +127,12 @@ class Conversations:
         key = (spec.name, prompt.sample_id)
         state = self._states.setdefault(key, _State(prompt.chat))
         renderer = self.renderer(spec)
-        state.replies.append(renderer.reply(output_ids))
+        state.replies.append(renderer.reply(output_ids, prompt.mode))
         state.finishes.append(finish_reason)
         history = renderer.after(state.row, state.replies, state.finishes)
         if isinstance(history, list):
-            following = renderer.prompt(prompt.sample_id, state.row, history, prompt.turn + 1)
+            following = renderer.prompt(prompt.sample_id, state.row, history, prompt.turn + 1,
+                                        prompt.mode)
             if isinstance(following, Prompt):
                 return Next(following)
             history = following

@@ -151,7 +151,8 @@ class Runner:
         profile = get_profile(self.plan.manifest.model_profile)
         for planned in self.plan.open():
             folder = planned.folder
-            reasoning = reasoning_expected(profile, planned.spec.chat_template_kwargs)
+            reasoning = any(reasoning_expected(profile, planned.spec.template_kwargs(mode))
+                            for mode in [m.name for m in planned.spec.mode_list()] or [None])
             figures = FigureAppender(folder.folder, profile.think_end if reasoning else None,
                                      sketch.DEFAULT_REPEAT_NGRAM,
                                      decontaminate=self._decontaminate)

@@ -55,7 +55,7 @@ from workbench.generate.dedup import (
     write_skipped,
 )
 from workbench.generate.progress import DatasetProgress
-from workbench.generate.prompts import Prompt, load_prompts
+from workbench.generate.prompts import ModeDraw, Prompt, load_prompts
 from workbench.generate.rendering import RenderingCheck
 from workbench.generate.resume import (
     DatasetResume,
@@ -64,8 +64,10 @@ from workbench.generate.resume import (
     conflict_message,
     prompt_line,
     read_resume,
+    recorded_modes,
 )
 from workbench.generate.turn_resume import read_turn_resume
+from workbench.modes import draw
 from workbench.profiles import ModelProfile, get_profile
 from workbench.rundir.appender import move_lines_aside, repair_torn_tail
 from workbench.rundir.files import (
@@ -78,6 +80,7 @@ from workbench.rundir.files import (
 from workbench.rundir.layout import RAW_FILE, REJECTED_SUFFIX, TORN_SUFFIX, DatasetDir
 from workbench.rundir.line_index import span_reader
 from workbench.rundir.manifest import dataset_entries, read_manifest
+from workbench.rundir.records import SampleId
 from workbench.rundir.storage import storage_error
 from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
 
@@ -143,6 +146,11 @@ class PlannedDataset:
     progress: DatasetProgress
     skipped: list[Skipped] = field(default_factory=list)
     rendering: RenderingCheck | None = None  # a chat dataset's renderings compared
+    modes: dict[str, Sampling] = field(default_factory=dict)  # each mode's sampling
+
+    def sampling_of(self, prompt: Prompt) -> Sampling:
+        """The sampling a prompt is sent with: its mode's, else the dataset's."""
+        return self.modes.get(prompt.mode, self.sampling) if prompt.mode else self.sampling
 
 
 class _Drawn(NamedTuple):
@@ -154,9 +162,10 @@ class _Drawn(NamedTuple):
     skipped: list[Skipped]
 
 
-def send_order(prompts: list[Prompt], order: str, seed: int, name: str) -> list[Prompt]:
+def send_order(prompts: list[T], order: str, seed: int, name: str) -> list[T]:
     """The prompts in the order they are sent: the file's, or shuffled by `seed` and the
-    dataset's name (the same order for the same seed, whatever else the run holds)."""
+    dataset's name (the same order for the same seed, whatever else the run holds; the
+    shuffle depends on their number only, so their ids go in the same order)."""
     ordered = list(prompts)
     if order != "file":
         random.Random(f"{seed}/{name}").shuffle(ordered)
@@ -268,6 +277,7 @@ class Plan:
         self.options = options
         self.say = say
         self.order_seed = 0
+        self._seed: int | None = None  # the order seed, once a dataset that mixes modes drew
         self.created = 0.0
         self.previous: dict[str, Any] = {}
         self.datasets: dict[str, PlannedDataset] = {}
@@ -314,8 +324,9 @@ class Plan:
                     if spec.name in selected and spec.dedup_mode() != "off"), default=-1)
         return specs[:last + 1]
 
-    def _sampling(self, spec: DatasetSpec) -> Sampling:
-        sampling = self.manifest.sampling_for(spec)
+    def _sampling(self, spec: DatasetSpec, mode: str | None = None) -> Sampling:
+        """The dataset's sampling (with its mode's overrides), ``--max-new-tokens`` over it."""
+        sampling = self.manifest.mode_sampling(spec, mode)
         if self.options.max_new_tokens is not None:
             sampling = msgspec.structs.replace(sampling, max_new_tokens=self.options.max_new_tokens)
         return sampling
@@ -324,9 +335,41 @@ class Plan:
         """With a sample cap in file order, the first prompts; else the whole file (a cap
         in random order draws from all of it, and one after dedup from what is left)."""
         cap = limit(spec.max_samples, self.options.max_samples)
+        modes = self._mode_draw(spec)
         if not self._whole_file(spec):
-            return load_prompts(spec, profile, limit=cap)
-        return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile)
+            return load_prompts(spec, profile, limit=cap, modes=modes)
+        return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile,
+                            modes=modes)
+
+    def _mode_draw(self, spec: DatasetSpec) -> ModeDraw | None:
+        """For a dataset that mixes modes, the draw of its prompts' modes
+        (:func:`workbench.modes.draw`) along their send order (every row's, as the seed and
+        the rows read give it); the modes an earlier session recorded in prompts.jsonl are
+        kept (on resume)."""
+        modes = spec.mode_list()
+        if not modes:
+            return None
+
+        def drawn(ids: list[SampleId]) -> dict[SampleId, str]:
+            seed = self._mode_seed()
+            order = send_order(ids, spec.order or "random", seed, spec.name)
+            names = {mode.name: i for i, mode in enumerate(modes)}
+            folder = DatasetDir(spec.name, self.out / spec.name)
+            recorded = recorded_modes(folder.prompts_path) if self.options.resume else {}
+            fixed = {k: names[name] for k, name in recorded.items() if name in names}
+            picks = draw(order, [mode.weight for mode in modes], f"{seed}/{spec.name}/modes",
+                         fixed)
+            return {sample_id: modes[i].name for sample_id, i in picks.items()}
+
+        return drawn
+
+    def _mode_seed(self) -> int:
+        """The run's order seed, fixed before the first dataset that mixes modes is drawn
+        (its draw follows the send order)."""
+        if self._seed is None:
+            self.previous = read_manifest(self.out)
+            self._seed = self._order_seed()
+        return self._seed
 
     def _whole_file(self, spec: DatasetSpec) -> bool:
         """Whether every row of the dataset's file is loaded (all but a file-order cap's)."""
@@ -382,7 +425,7 @@ class Plan:
         self.previous = read_manifest(self.out)
         created = self.previous.get("created")
         self.created = created if isinstance(created, int | float) else time.time()
-        self.order_seed = self._order_seed()
+        self.order_seed = self._seed if self._seed is not None else self._order_seed()
         folders = {spec.name: DatasetDir(spec.name, self.out / spec.name)
                    for spec, _sampling, _prompts in self._loaded}
         states: dict[str, DatasetResume] = {}
@@ -478,8 +521,9 @@ class Plan:
         earlier = dataset_entries(self.previous).get(spec.name, {}).get("rendering")
         rendering = (RenderingCheck.resumed(spec.name, spec.render, earlier)
                      if spec.input in CHAT_INPUTS else None)
+        modes = {mode.name: self._sampling(spec, mode.name) for mode in spec.mode_list()}
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped,
-                              rendering)
+                              rendering, modes)
 
     def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped]) -> None:
         """What dedup skips of the dataset, and a mode changed since the earlier session."""

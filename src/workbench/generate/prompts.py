@@ -29,7 +29,7 @@ one file are refused like a repeated id.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 import msgspec
@@ -65,6 +65,8 @@ class Prompt(msgspec.Struct):
     `tools` are the history `input_ids` render (what a server renders for ``render: server``,
     or is asked to render once to compare); `digest` is ``history_digest`` of it for
     ``render: server`` (what prompts.jsonl keeps of it, as the server's ids are kept).
+    `mode` is the mode a dataset that mixes modes drew for it (its chat-template arguments
+    rendered `input_ids`; its sampling overrides go with the request).
     """
 
     sample_id: int | str
@@ -76,6 +78,7 @@ class Prompt(msgspec.Struct):
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     digest: str | None = None  # render: server: history_digest of messages, tools, kwargs
+    mode: str | None = None  # a dataset that mixes modes: the mode the prompt drew
 
 
 class _Row(msgspec.Struct):
@@ -96,27 +99,33 @@ def estimate_text_tokens(text: str) -> int:
     return len(text.encode()) // 4 + 1
 
 
+ModeDraw = Callable[[list[int | str]], Mapping[int | str, str]]
+
+
 def load_prompts(
-    spec: DatasetSpec, profile: ModelProfile, *, limit: int | None = None
+    spec: DatasetSpec, profile: ModelProfile, *, limit: int | None = None,
+    modes: ModeDraw | None = None,
 ) -> list[Prompt]:
     """The dataset's prompts in file order.
 
     At most `limit` prompts are read, or `spec.max_samples` when `limit` is None; rows after
-    the last one needed are not read.
+    the last one needed are not read. For a dataset that mixes modes, `modes` is given every
+    sample id (file order) and says each one's mode, whose chat-template arguments render it.
     """
     limit = spec.max_samples if limit is None else limit
     make = _PromptMaker(spec, profile)
-    prompts: list[Prompt] = []
+    inputs: list[tuple[int | str, Any, _Row]] = []
     first_seen: dict[str, tuple[int | str, int]] = {}  # id as text -> (id, its line or row)
     for row in itertools.islice(_iter_rows(spec), limit):
         sample_id = _sample_id(row, spec)
         _check_distinct(sample_id, row, spec.id_field, first_seen)
         if spec.input not in row.data:
             raise row.error(f"missing {spec.input!r}{_setting(spec, 'input')}")
-        prompts.append(make(sample_id, row.data[spec.input], row))
-    if not prompts and limit != 0:
+        inputs.append((sample_id, make.read(row.data[spec.input], row), row))
+    if not inputs and limit != 0:
         raise DataError(spec.path, "no prompts: the file holds no rows")
-    return prompts
+    drawn = modes([sample_id for sample_id, _, _ in inputs]) if modes is not None else {}
+    return [make(sample_id, value, row, drawn.get(sample_id)) for sample_id, value, row in inputs]
 
 
 def _sample_id(row: _Row, spec: DatasetSpec) -> int | str:
@@ -161,8 +170,8 @@ class _PromptMaker:
 
     def __init__(self, spec: DatasetSpec, profile: ModelProfile) -> None:
         self.mode = spec.input
+        self.spec = spec
         self.profile = profile
-        self.template_kwargs = spec.chat_template_kwargs
         self.each_turn = spec.turns == "each"  # None (a spec no manifest wrote): last
         self.server_renders = spec.render == "server"  # the history is sent as messages
         self.tools_field = spec.tools_field
@@ -175,15 +184,24 @@ class _PromptMaker:
                 spec.tokenizer, trust_remote_code=spec.trust_remote_code
             )
 
-    def __call__(self, sample_id: int | str, value: Any, row: _Row) -> Prompt:
+    def read(self, value: Any, row: _Row) -> Any:
+        """The row's input checked: a conversation read into a ChatRow, else as it is."""
         if self.mode == "text":
             if not isinstance(value, str) or not value:
                 raise row.error(f"text must be a non-empty string, got {json_kind(value)}")
-            return Prompt(sample_id, None, value, estimate_text_tokens(value))
+        elif self.mode in CHAT_INPUTS:
+            return self._chat_row(value, row)
+        else:
+            _check_ids(value, row, self.profile, self.mode)
+        return value
+
+    def __call__(self, sample_id: int | str, value: Any, row: _Row, mode: str | None) -> Prompt:
+        """The prompt of a row's input (as :meth:`read` gives it) in `mode`."""
+        if self.mode == "text":
+            return Prompt(sample_id, None, value, estimate_text_tokens(value), mode=mode)
         if self.mode in CHAT_INPUTS:
-            return self._chat_prompt(sample_id, self._chat_row(value, row), row)
-        _check_ids(value, row, self.profile, self.mode)
-        return Prompt(sample_id, value, None, len(value))
+            return self._chat_prompt(sample_id, value, row, mode)
+        return Prompt(sample_id, value, None, len(value), mode=mode)
 
     def _chat_row(self, value: Any, row: _Row) -> ChatRow:
         """The row's conversation and tools; a DataError naming the key path when bad."""
@@ -193,28 +211,31 @@ class _PromptMaker:
         except RowError as exc:
             raise row.error(str(exc)) from None
 
-    def _chat_prompt(self, sample_id: int | str, chat: ChatRow, row: _Row) -> Prompt:
+    def _chat_prompt(self, sample_id: int | str, chat: ChatRow, row: _Row,
+                     mode: str | None) -> Prompt:
         """The prompt of turns: last (the row's history), or turn 0 of turns: each."""
         history = last_turn_messages(chat) if not self.each_turn else next_turn(chat, [])
         if not isinstance(history, list):
             raise row.error(f"{self.mode}: no turn to generate (turns: each needs an assistant "
                             "message, or a user or tool message last)")
-        ids = self._encode(history, chat.tools, row)
+        kwargs = self.spec.template_kwargs(mode)
+        ids = self._encode(history, chat.tools, kwargs, row)
         _check_ids(ids, row, self.profile, self.mode)
         server = self.server_renders
         return Prompt(sample_id, ids, None, len(ids),
                       chat=chat if self.each_turn else None, turn=0 if self.each_turn else None,
                       messages=history, tools=chat.tools,
-                      digest=(history_digest(history, chat.tools, self.template_kwargs)
-                              if server else None))
+                      digest=history_digest(history, chat.tools, kwargs) if server else None,
+                      mode=mode)
 
     def _encode(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, row: _Row
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any], row: _Row
     ) -> list[int]:
         from jinja2 import TemplateError
 
         try:
-            return encode_messages(self.tokenizer, messages, self.template_kwargs, tools=tools)
+            return encode_messages(self.tokenizer, messages, kwargs, tools=tools)
         except (TemplateError, ValueError, TypeError) as exc:
             raise row.error(f"the chat template failed: {exc}") from None
 

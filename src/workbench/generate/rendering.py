@@ -56,8 +56,9 @@ def chat_payload(spec: DatasetSpec, sampling: Sampling, prompt: Prompt, rid: str
     }
     if prompt.tools is not None:
         payload["tools"] = prompt.tools
-    if spec.chat_template_kwargs:
-        payload["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
+    kwargs = spec.template_kwargs(prompt.mode)
+    if kwargs:
+        payload["chat_template_kwargs"] = dict(kwargs)
     return payload
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from workbench.config import DatasetSpec, Sampling
-from workbench.errors import ResumeMismatch
+from workbench.errors import DataError, ResumeMismatch
 from workbench.generate.prompts import Prompt
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.line_index import LineSpan, index_lines, span_reader
@@ -43,8 +43,11 @@ __all__ = [
     "check_settings",
     "conflict_message",
     "finished_rows",
+    "modes_record",
     "prompt_line",
+    "prompt_record",
     "read_resume",
+    "recorded_modes",
     "same_prompt",
     "sent_line",
 ]
@@ -89,17 +92,55 @@ class DatasetResume:
         return {line for sample_id in ids for line in self.lines.get(sample_id, ())}
 
 
+def prompt_record(prompt: Prompt) -> PromptRecord:
+    """The prompts.jsonl entry of a prompt as sent."""
+    return PromptRecord(prompt.sample_id, input_ids=prompt.input_ids, text=prompt.text,
+                        turn=prompt.turn, history=prompt.digest, mode=prompt.mode)
+
+
 def prompt_line(prompt: Prompt) -> bytes:
     """The prompts.jsonl line of a prompt as sent."""
-    return encode_line(PromptRecord(prompt.sample_id, input_ids=prompt.input_ids,
-                                    text=prompt.text, turn=prompt.turn, history=prompt.digest))
+    return encode_line(prompt_record(prompt))
 
 
 def sent_line(prompt: Prompt, server_ids: list[int]) -> PromptRecord:
     """The prompts.jsonl line of a prompt the server rendered: the ids it rendered, the
     digest of the history it rendered them from."""
     return PromptRecord(prompt.sample_id, input_ids=server_ids, turn=prompt.turn,
-                        history=prompt.digest)
+                        history=prompt.digest, mode=prompt.mode)
+
+
+class _ModeLine(msgspec.Struct):
+    """What a prompts.jsonl line says of its mode (its ids are skipped, not built)."""
+
+    sample_id: SampleId
+    mode: str | None = None
+
+
+_MODE_LINE = msgspec.json.Decoder(_ModeLine)
+
+
+def recorded_modes(path: Path) -> dict[SampleId, str]:
+    """The mode each sample of a prompts.jsonl was drawn in an earlier session ({} when the
+    file is absent; lines that cannot be read are passed over)."""
+    modes: dict[SampleId, str] = {}
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return modes
+    except OSError as exc:
+        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
+    with handle:
+        for line in handle:
+            if b'"mode"' not in line:
+                continue
+            try:
+                item = _MODE_LINE.decode(line)
+            except msgspec.DecodeError:
+                continue
+            if item.mode is not None:
+                modes.setdefault(item.sample_id, item.mode)
+    return modes
 
 
 def read_resume(folder: DatasetDir, prompts: list[Prompt], complete: bool) -> DatasetResume:
@@ -164,6 +205,8 @@ def same_prompt(sent: bytes, built: bytes) -> bool:
         old, new = _PROMPT.decode(sent), _PROMPT.decode(built)
     except msgspec.DecodeError:
         return False
+    if old.mode != new.mode:
+        return False
     if old.history is not None or new.history is not None:  # rendered by the server
         return (old.history, old.turn) == (new.history, new.turn)
     return (old.input_ids, old.text, old.turn) == (new.input_ids, new.text, new.turn)
@@ -196,8 +239,35 @@ def check_settings(out: Path, previous: Mapping[str, Any], model: str,
             f"{model!r} (use --force to resume anyway, or another --out)")
     entries = dataset_entries(previous)
     for spec, sampling, _prompts in loaded:
-        old, new = entries.get(spec.name, {}).get("sampling"), msgspec.to_builtins(sampling)
+        entry = entries.get(spec.name, {})
+        old, new = entry.get("sampling"), msgspec.to_builtins(sampling)
         if old is not None and old != new:
             raise ResumeMismatch(
                 f"{path}: datasets.{spec.name}.sampling changed from {old} to {new} "
                 "(use --force to resume anyway, or another --out)")
+        if entry and entry.get("modes") != modes_record(spec):
+            raise ResumeMismatch(
+                f"{path}: datasets.{spec.name}.modes changed from {_modes_text(entry['modes'])} "
+                f"to {_modes_text(modes_record(spec))} (use --force to resume anyway: finished "
+                "samples keep the mode they were sent in, the rest are drawn towards the new "
+                "weights; or another --out)")
+
+
+def modes_record(spec: DatasetSpec) -> list[dict[str, Any]] | None:
+    """The dataset's modes as run.json keeps them."""
+    return [msgspec.to_builtins(mode) for mode in spec.mode_list()] or None
+
+
+def _modes_text(modes: Any) -> str:
+    """Modes as a message names them: ``think 0.75 {thinking: True}, direct 0.25 ...``."""
+    if not isinstance(modes, list) or not modes:
+        return "none"
+    return ", ".join(f"{m.get('name')} {m.get('weight')} {m.get('chat_template_kwargs') or {}}"
+                     + _sampling_text(m.get("sampling"))
+                     for m in modes if isinstance(m, dict))
+
+
+def _sampling_text(sampling: Any) -> str:
+    if not isinstance(sampling, dict):
+        return ""
+    return f" sampling {({k: v for k, v in sampling.items() if v is not None})}"

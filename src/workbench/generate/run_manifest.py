@@ -35,6 +35,7 @@ from workbench.errors import StorageError
 from workbench.generate.concurrency import Slots
 from workbench.generate.dedup import dedup_record
 from workbench.generate.plan import Plan, PlannedDataset, ServerFacts, limit
+from workbench.generate.resume import modes_record
 from workbench.generate.watchdog import Detection, WatchdogSettings
 from workbench.rundir.manifest import (
     BenchmarkChoice,
@@ -99,6 +100,10 @@ def dataset_record(plan: Plan, ds: PlannedDataset) -> dict[str, Any]:
         "render": spec.render,
         "truncated": spec.truncated,
         "rendering": None if ds.rendering is None else ds.rendering.record(),
+        # a dataset that mixes modes: its modes (each record names its own) and the
+        # deployment sample they were taken from (None: written in the manifest)
+        "modes": modes_record(spec),
+        "modes_source": spec.modes_source,
     }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from workbench.chat import ChatRow, Ended, Reply, generation_points
+from workbench.chat import Ended, Reply, generation_points
 from workbench.config import DatasetSpec
 from workbench.generate.conversations import Conversations, TurnRenderer
 from workbench.generate.prompts import Prompt
@@ -158,10 +158,10 @@ def _go_on(state: DatasetResume, sample_id: SampleId, prompt: Prompt, rows: list
                 state.changed.append(sample_id)
                 return
             kept.append(span)
-        replies.append(renderer.reply(ids.get(row.line, [])))
+        replies.append(renderer.reply(ids.get(row.line, []), prompt.mode))
         finishes.append(row.finish_reason or "stop")
         history = renderer.after(prompt.chat, replies, finishes) if not row.ended else None
-        built = _built(renderer, sample_id, prompt.chat, history, k + 1)
+        built = _built(renderer, prompt, history, k + 1)
     turns.spans[sample_id] = kept
     turns.turns[sample_id] = len(rows)
     turns.tokens[sample_id] = sum(row.completion_tokens or 0 for row in rows)
@@ -174,11 +174,13 @@ def _go_on(state: DatasetResume, sample_id: SampleId, prompt: Prompt, rows: list
     conversations.resume(renderer.spec, sample_id, prompt.chat, replies, finishes)
 
 
-def _built(renderer: TurnRenderer, sample_id: SampleId, row: ChatRow,
+def _built(renderer: TurnRenderer, first: Prompt,
            history: list[dict[str, Any]] | Ended | None, turn: int) -> Prompt | None:
-    """Turn `turn`'s prompt from its history; None when there is none (the conversation is
-    over) or the template refuses it (as the session that wrote the turn before found)."""
+    """Turn `turn`'s prompt of the conversation whose turn 0 is `first`, from its history;
+    None when there is none (the conversation is over) or the template refuses it (as the
+    session that wrote the turn before found)."""
     if not isinstance(history, list):
         return None
-    built = renderer.prompt(sample_id, row, history, turn)
+    assert first.chat is not None
+    built = renderer.prompt(first.sample_id, first.chat, history, turn, first.mode)
     return built if isinstance(built, Prompt) else None

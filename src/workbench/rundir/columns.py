@@ -23,7 +23,7 @@ from workbench.rundir.cache import AppendedCache
 
 __all__ = ["COLUMNS_VERSION", "SCAN_CACHE", "Columns", "FileScan", "Tally"]
 
-COLUMNS_VERSION = 2  # 2: the turn and ended columns (records of turns: each datasets)
+COLUMNS_VERSION = 3  # 2: the turn and ended columns (turns: each); 3: the mode column
 
 SampleId = int | str
 
@@ -62,7 +62,8 @@ class Columns(msgspec.Struct):
     ``signature`` (a MinHash signature: near duplicates) and ``overlap`` (a bit mask of the
     benchmarks whose n-grams the reply holds; 0 when none were given). ``turn`` and
     ``ended`` are a record's turn of its conversation and why the conversation ended after
-    it (None for a single-turn record; see :class:`workbench.rundir.records.Record`).
+    it (None for a single-turn record; see :class:`workbench.rundir.records.Record`);
+    ``mode`` the mode its conversation drew (None outside a dataset that mixes modes).
     """
 
     line: list[int] = msgspec.field(default_factory=list)
@@ -86,6 +87,7 @@ class Columns(msgspec.Struct):
     overlap: list[int] = msgspec.field(default_factory=list)
     turn: list[int | None] = msgspec.field(default_factory=list)
     ended: list[str | None] = msgspec.field(default_factory=list)
+    mode: list[str | None] = msgspec.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.line)

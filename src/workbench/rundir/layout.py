@@ -110,6 +110,29 @@ class DatasetDir(msgspec.Struct, frozen=True):
         kwargs = self.settings.get("chat_template_kwargs")
         return kwargs if isinstance(kwargs, dict) else {}
 
+    @property
+    def modes(self) -> list[dict[str, Any]]:
+        """The modes the dataset mixes, as run.json keeps them (``name``, ``weight``,
+        ``chat_template_kwargs``, ``sampling``); [] for a dataset that mixes none."""
+        modes = self.settings.get("modes")
+        if not isinstance(modes, list):
+            return []
+        return [m for m in modes if isinstance(m, dict) and isinstance(m.get("name"), str)]
+
+    @property
+    def modes_source(self) -> str | None:
+        """The deployment sample the modes were taken from (None: written in the manifest)."""
+        source = self.settings.get("modes_source")
+        return source if isinstance(source, str) else None
+
+    def template_kwargs(self, mode: str | None) -> dict[str, Any]:
+        """The chat-template arguments a record of `mode` was generated with: its mode's over
+        the dataset's (the dataset's for no mode, or one run.json does not know)."""
+        base = self.chat_template_kwargs
+        chosen = next((m for m in self.modes if m["name"] == mode), None) if mode else None
+        extra = chosen.get("chat_template_kwargs") if chosen is not None else None
+        return {**base, **extra} if isinstance(extra, dict) and extra else base
+
     def files(self) -> list[Path]:
         """The dataset's raw, prompts and errors files that exist."""
         return [path for path in (self.raw_path, self.prompts_path, self.errors_path)

@@ -105,6 +105,7 @@ class Line(_Completion, gc=False):
     max_new_tokens_reduced: Count | None = None
     turn: Count | None = None
     ended: str | None = None
+    mode: str | None = None
     response: _Response | None = None
     meta_info: _MetaInfo | None = None
     # Decoded in full on the line-by-line path; on the block path an emptied array ([]),
@@ -156,6 +157,7 @@ def _flat_row(rec: Line, line: int) -> Row:
         max_new_tokens_reduced=rec.max_new_tokens_reduced,
         turn=rec.turn,
         ended=rec.ended,
+        mode=rec.mode,
     )
 
 

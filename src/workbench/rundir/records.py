@@ -91,6 +91,8 @@ class Record(msgspec.Struct):
     # which the conversation could not go on, why (an END_REASONS name).
     turn: int | msgspec.UnsetType = msgspec.UNSET
     ended: str | msgspec.UnsetType = msgspec.UNSET
+    # A dataset that mixes modes (`modes`): the name of the mode its conversation drew.
+    mode: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorRecord(msgspec.Struct):
@@ -116,6 +118,7 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     # A prompt the server rendered (a dataset's `render: server`): a digest of the history it
     # rendered it from (workbench.chat.history_digest), what a resume compares.
     history: str | None = None
+    mode: str | None = None  # a dataset that mixes modes: the mode the prompt was drawn
 
 
 _encoder = msgspec.json.Encoder()
@@ -147,6 +150,7 @@ class Row(msgspec.Struct):
     max_new_tokens_reduced: int | None = None  # a flat record's, when its line has one
     turn: int | None = None  # a flat record's turn of its conversation (turns: each)
     ended: str | None = None  # why its conversation ended after this turn (turns: each)
+    mode: str | None = None  # a flat record's mode (a dataset that mixes modes)
 
     @property
     def key(self) -> tuple[SampleId | None, int | None]:

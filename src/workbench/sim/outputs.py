@@ -85,12 +85,15 @@ def plan_output(
     seed: int,
     max_new_tokens: int,
     call: list[int] | None = None,
+    *,
+    thinking: bool = True,
 ) -> PlannedOutput:
     """The output for one seed, cut at `max_new_tokens`; `call` (a tool call's ids) replaces
-    the answer."""
+    the answer. Without `thinking` (the prompt closed the reasoning block: thinking switched
+    off in the chat template) a reasoning model answers at once, as a plain one does."""
     rng = random.Random(seed)
     head = _head(model)
-    think_end = model.think_end
+    think_end = model.think_end if thinking else None
     if think_end is not None and rng.random() < shape.unclosed_rate:
         ids = head + text_run(rng, max(0, max_new_tokens - len(head)))
         return PlannedOutput(ids[:max_new_tokens], "length", None)
@@ -105,6 +108,21 @@ def plan_output(
         room = max_new_tokens - len(ids)
         ids += _answer(rng, min(answer, room), room, call)
     return _finish(ids, model.end_ids[0], max_new_tokens)
+
+
+def prompt_thinks(model: ModelProfile, prompt: list[int] | str) -> bool:
+    """Whether a prompt leaves the model to reason: False when its generation prompt already
+    closed the reasoning block (Kimi's ``<think></think>``, Qwen3's ``<think>\n\n</think>\n\n``
+    with thinking off), i.e. a think-end id among its last few ids (for text, ``</think>``
+    at its end)."""
+    if model.think_end is None:
+        return False
+    if isinstance(prompt, str):
+        return not prompt.rstrip().endswith("</think>")
+    return model.think_end not in prompt[-_CLOSED_WITHIN:]
+
+
+_CLOSED_WITHIN = 4  # ids after the think-end id a closed generation prompt may hold
 
 
 def _answer(rng: random.Random, length: int, room: int, call: list[int] | None) -> list[int]:

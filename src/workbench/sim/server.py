@@ -35,7 +35,7 @@ from workbench.sim.faults import FaultPlan, TimedFaults, TruncationPlan
 from workbench.sim.info import ServerInfo
 from workbench.sim.job import Job
 from workbench.sim.metrics import SimMetrics
-from workbench.sim.outputs import output_seed, plan_output
+from workbench.sim.outputs import output_seed, plan_output, prompt_thinks
 from workbench.sim.profiles import get_sim_profile, plan_sizing, step_seconds
 from workbench.sim.protocol import GenerateItem, Limits
 from workbench.sim.replies import ReplyOptions, abort_reply, fixed_reply, generate_reply
@@ -195,7 +195,8 @@ class SimServer:
         rank, loop = next(self._ranks)
         hashes = block_hashes(item.input_ids)
         call = plan_call(self.model, item.prompt, seed, self.tool_call_rate)
-        plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens, call)
+        plan = plan_output(self.model, self.profile.output, seed, sampling.max_new_tokens, call,
+                           thinking=prompt_thinks(self.model, item.prompt))
         completion = complete(plan, sampling, self.model, seed)
         if sampling.greedy and not health:
             completion = completion._replace(
