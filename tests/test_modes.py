@@ -154,3 +154,10 @@ def test_keeping_what_an_earlier_session_drew_changes_nothing_else() -> None:
     whole = draw(order, [0.75, 0.25], "s")
     first = {k: whole[k] for k in order[:40]}  # a capped first session's draws
     assert draw(order, [0.75, 0.25], "s", first) == whole
+
+
+def test_mode_names_from_arguments_are_safe_and_distinct(tmp_path: Path) -> None:
+    assert mode_name({"effort": "very high", "thinking": True}) == "effort=very_high,thinking=true"
+    path = tmp_path / "requests.jsonl"
+    path.write_text('{"chat_template_kwargs": {"e": "a b"}}\n{"chat_template_kwargs": {"e": "a/b"}}\n')
+    assert [m.name for m in deployment_mix(path, "r")] == ["e=a_b", "e=a_b-2"]

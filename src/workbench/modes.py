@@ -11,14 +11,15 @@ weights, e.g. 75% with thinking on and 25% with it off, as the drafter will be s
   them. Prompts whose mode an earlier session already chose keep it and count.
 - :func:`deployment_mix` reads a sample of a deployment's chat-completion request bodies
   (JSONL) and gives the share of each ``chat_template_kwargs`` combination (with the
-  request's ``reasoning_effort`` as the template argument of that name): the weights of the
-  modes that serve like it.
+  request's ``reasoning_effort`` as the template argument of that name, as SGLang's chat
+  serving hands it to the template): the weights of the modes that serve like it.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -93,11 +94,15 @@ class DeploymentMode(NamedTuple):
 
 def mode_name(kwargs: Mapping[str, Any]) -> str:
     """A mode's name from its arguments: ``thinking=false``, ``a=1,b=x``; ``default`` for
-    none."""
+    none. Characters a mode name cannot hold become ``_``; at most 64 characters."""
     if not kwargs:
         return "default"
     parts = [f"{key}={_value_text(value)}" for key, value in sorted(kwargs.items())]
-    return ",".join(parts)
+    name = _UNSAFE.sub("_", ",".join(parts)).lstrip("_.,=-") or "mode"
+    return name[:64]
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=,-]")
 
 
 def _value_text(value: Any) -> str:
@@ -125,8 +130,22 @@ def deployment_mix(path: Path, source: str) -> list[DeploymentMode]:
     if not counts:
         raise DataError(source, "the deployment sample holds no requests")
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    return [DeploymentMode(mode_name(kwargs_of[key]), kwargs_of[key], count)
-            for key, count in ranked]
+    names: set[str] = set()
+    modes = []
+    for key, count in ranked:
+        name = _unique(mode_name(kwargs_of[key]), names)
+        modes.append(DeploymentMode(name, kwargs_of[key], count))
+    return modes
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """`name`, or with ``-2``, ``-3``, ... when another mode has it (names made safe may meet)."""
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name[:60]}-{number}"
+    taken.add(candidate)
+    return candidate
 
 
 def _request_kwargs(line: bytes, source: str, number: int) -> dict[str, Any]:
