@@ -39,7 +39,8 @@ Steps (one server at a time; every server's log is kept under OUT/logs/):
 7. turns     Conversations regenerated turn by turn (`turns: each`, tools declared), one
              dataset rendered by the tokenizer, one by the server (`render: server`), killed
              and resumed; each turn's prompt held against the rendering it follows, the
-             renderings' difference said (scripts/real_sglang_turns.py).
+             renderings' difference said, thinking modes mixed per conversation
+             (scripts/real_sglang_turns.py).
 
 Prints `ok`/`FAIL` per check with its figures, a summary, writes OUT/summary.json, and exits
 1 when a check failed (2 on a usage error).

@@ -15,7 +15,11 @@ it has written a few records and resumed to the end. Checked:
 - `srv`: each turn's prompt ids are what SGLang renders for that history (asked again,
   /v1/chat/completions with return_prompt_token_ids, one token);
 - run.json's `rendering` of each dataset: with tools, the two renderings differ (SGLang
-  0.5.23 adds "defer_loading": null to each tool), and generate said so.
+  0.5.23 adds "defer_loading": null to each tool), and generate said so;
+- modes: both datasets mix `think` and `direct` (thinking on and off) half and half; each
+  conversation keeps one mode on every turn, the mix is exact within one conversation, and
+  each turn's prompt above is rendered with its own mode's template arguments (SGLang is sent
+  them as `chat_template_kwargs`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from workbench.tokenizer import decode, encode_messages, load_tokenizer
 __all__ = ["step_turns"]
 
 DATASETS = {"tok": "tokenizer", "srv": "server"}
+MODES = {"think": {"thinking": True}, "direct": {"thinking": False}}
 
 
 def write_job(folder: Path, model: Path, rows: int, max_new_tokens: int) -> Path:
@@ -58,9 +63,11 @@ def write_job(folder: Path, model: Path, rows: int, max_new_tokens: int) -> Path
                          {"role": "assistant", "content": "an answer"}]
         data.append({"sample_id": f"chat-{i}", "messages": messages})
     (folder / "turns.jsonl").write_text("".join(json.dumps(row) + "\n" for row in data))
+    modes = ", ".join(f"{{name: {name}, chat_template_kwargs: {json.dumps(kwargs)}}}"
+                      for name, kwargs in MODES.items())
     datasets = "".join(
         f"  - {{name: {name}, path: turns.jsonl, input: messages, turns: each, render: {how},"
-        f" truncated: continue, chat_template_kwargs: {{thinking: true}}}}\n"
+        f" truncated: continue, modes: [{modes}]}}\n"
         for name, how in DATASETS.items())
     manifest = folder / "datasets.yaml"
     manifest.write_text("# written by scripts/real_sglang_turns.py\nmodel_profile: kimi-k2.5\n"
@@ -108,10 +115,10 @@ def histories(rows: dict[Any, ChatRow], records: list[dict[str, Any]],
     return found
 
 
-def server_prompt(url: str, history: list[dict[str, Any]], tools: Any) -> list[int]:
+def server_prompt(url: str, history: list[dict[str, Any]], tools: Any,
+                  kwargs: dict[str, Any]) -> list[int]:
     body: dict[str, Any] = {"messages": history, "max_tokens": 1, "temperature": 0.0,
-                            "return_prompt_token_ids": True,
-                            "chat_template_kwargs": {"thinking": True}}
+                            "return_prompt_token_ids": True, "chat_template_kwargs": kwargs}
     if tools is not None:
         body["tools"] = tools
     reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
@@ -154,8 +161,9 @@ def check_prompts(kit: ModuleType, checks: Any, run: Path, data: Path, url: str,
             key = (record["sample_id"], record["turn"])
             history = built[key]
             tools = rows[key[0]].tools
-            expected = (encode_messages(tokenizer, history, {"thinking": True}, tools=tools)
-                        if how == "tokenizer" else server_prompt(url, history, tools))
+            kwargs = MODES[record["mode"]]
+            expected = (encode_messages(tokenizer, history, kwargs, tools=tools)
+                        if how == "tokenizer" else server_prompt(url, history, tools, kwargs))
             if sent.get(key) != expected:
                 wrong.append(key)
             counted += record["prompt_tokens"] == len(sent.get(key, []))
@@ -164,6 +172,20 @@ def check_prompts(kit: ModuleType, checks: Any, run: Path, data: Path, url: str,
                    f"rendering of their history, {counted} counted alike by the server"
                    + (f"; first wrong {wrong[0]}" if wrong else ""),
                    checked=len(records), wrong=len(wrong))
+
+
+def check_modes(kit: ModuleType, checks: Any, run: Path) -> None:
+    for name in DATASETS:
+        records = jsonl(run / name / "raw_responses.jsonl")
+        drawn: dict[Any, set[str]] = {}
+        for record in records:
+            drawn.setdefault(record["sample_id"], set()).add(record.get("mode", "none"))
+        mixed = sum(len(modes) > 1 for modes in drawn.values())
+        counts = {mode: sum(modes == {mode} for modes in drawn.values()) for mode in MODES}
+        even = abs(counts["think"] - counts["direct"]) <= 1
+        checks.add(f"{name}_modes", records and mixed == 0 and even,
+                   f"conversations per mode {counts} (weights 1:1), {mixed} with turns in two "
+                   "modes", **counts)
 
 
 def check_rendering(kit: ModuleType, checks: Any, run: Path, log: str) -> None:
@@ -200,6 +222,7 @@ def step_turns(ctx: Any, checks: Any, kit: ModuleType) -> None:
                    f"{sum(len(d) for d in done.values())} turns finished before the kill, "
                    f"{changed} of their prompt lines changed by the resume")
         check_keys(kit, checks, run)
+        check_modes(kit, checks, run)
         check_prompts(kit, checks, run, folder / "turns.jsonl", server.url, ctx.model)
         log = (ctx.logs / "turns-generate.log").read_text() + result.stdout + result.stderr
         check_rendering(kit, checks, run, log)
