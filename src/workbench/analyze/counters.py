@@ -7,6 +7,9 @@
     TurnCounts    the records of conversations regenerated turn by turn (those with a
                   ``turn``): per conversation its turns, per turn index its records and
                   completion tokens, the conversations ended early by reason
+    ModeCounts    per mode of a dataset that mixes modes (the records' ``mode``): records,
+                  completion tokens and their counts (for the median), conversations (the
+                  sample ids of records with a turn)
     ErrorCounts   errors.jsonl: failed attempts, the ids that failed, recent failure times
     PromptCounts  prompts.jsonl: prepared prompts, the pre-tokenized ones and their ids
 
@@ -30,8 +33,8 @@ from workbench.rundir.columns import FileScan
 from workbench.rundir.cursor import text_lines
 from workbench.rundir.records import Block
 
-__all__ = ["PERCENTILES", "ErrorCounts", "Fields", "IdIndex", "PromptCounts", "RawCounts",
-           "TurnCounts", "nearest_ranks"]
+__all__ = ["PERCENTILES", "ErrorCounts", "Fields", "IdIndex", "ModeCounts", "ModeTally",
+           "PromptCounts", "RawCounts", "TurnCounts", "nearest_ranks"]
 
 PERCENTILES = (50, 90, 99)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -88,7 +91,7 @@ def _is_int64(value: object) -> TypeGuard[int]:
 class RawCounts:
     """Everything counted from raw_responses.jsonl."""
 
-    def __init__(self, recent_rows: int) -> None:
+    def __init__(self, recent_rows: int, *, mixing: bool = False) -> None:
         self.serial = next(_SERIALS)
         self.records = 0
         self.prompt_tokens = 0
@@ -102,6 +105,8 @@ class RawCounts:
         self.torn = False
         self.ids = IdIndex()
         self.turns = TurnCounts()
+        self.modes = ModeCounts()
+        self.mixing = mixing  # run.json says the dataset mixes modes: count them from the start
         self.first_ts: float | None = None
         self.window: deque[tuple[float, int]] = deque()
         self.last: deque[tuple[bool, bool, str | None]] = deque(maxlen=recent_rows)
@@ -121,12 +126,14 @@ class RawCounts:
         counts = scan.tally.counts
         bad_lines = counts.get("parse_error", 0) + counts.get("bad_type", 0)
         fields = Fields(c.sample_id, c.layout, c.prompt_tokens, c.completion_tokens,
-                         c.cached_tokens, c.finish_reason, c.ts, c.turn, c.ended)
+                         c.cached_tokens, c.finish_reason, c.ts, c.turn, c.ended, c.mode)
         self.add_fields(fields, bad_lines, scan.torn is not None, cutoff, unresolved)
 
     def add_fields(self, fields: Fields, bad_lines: int, torn: bool, cutoff: float,
                    unresolved: set[object]) -> None:
         """Count records given as one list per field, in file order."""
+        if not self.modes.active and (self.mixing or any(m is not None for m in fields.mode)):
+            self.modes.start(self.records, self.completion_tokens, self.completions)
         self.records += len(fields.layout)
         self.bad_lines += bad_lines
         self.torn = torn
@@ -134,6 +141,7 @@ class RawCounts:
         self._add_labels(fields, unresolved)
         self._add_times(fields, cutoff)
         self.turns.add(fields)
+        self.modes.add(fields)
         size = self.last.maxlen or 1
         self.last.extend(zip((c is None for c in fields.completion_tokens[-size:]),
                              (p is None for p in fields.prompt_tokens[-size:]),
@@ -216,6 +224,7 @@ class Fields(NamedTuple):
     ts: Sequence[float | None]
     turn: Sequence[int | None]
     ended: Sequence[str | None]
+    mode: Sequence[str | None]
 
 
 class TurnCounts:
@@ -249,6 +258,72 @@ class TurnCounts:
             counts[1] += tokens or 0
             if ended is not None:
                 self.ended[ended] = self.ended.get(ended, 0) + 1
+
+
+class ModeTally:
+    """One mode's records: how many, those with a completion count (``counted``, their
+    counts in ``completions``, in 64 bits as :class:`RawCounts` keeps them) and their
+    completion tokens, and the sample ids of its records with a turn (its conversations)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.completion_tokens = 0
+        self.completions = array("q")
+        self.conversations: set[object] = set()
+        self._median: tuple[int, int | None] | None = None
+
+    @property
+    def counted(self) -> int:
+        return len(self.completions)
+
+    def median(self) -> int | None:
+        """The nearest-rank median of the completion counts (``workbench stats``' p50),
+        cached until new ones arrive."""
+        if self._median is None or self._median[0] != len(self.completions):
+            self._median = (len(self.completions), nearest_ranks([self.completions])[0][0])
+        return self._median[1]
+
+
+class ModeCounts:
+    """The records of a dataset that mixes modes, per mode (``mode``; None: records without
+    one).
+
+    Counting starts once the dataset is known to mix modes (run.json says so, or a record
+    names a mode): :meth:`start` then puts every record counted before under None, so the
+    tallies always cover every record of the file.
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.by_mode: dict[str | None, ModeTally] = {}
+
+    def start(self, records: int, completion_tokens: int, completions: array[int]) -> None:
+        """Start counting; the records already counted (`records`, with these completion
+        counts and tokens) had no mode."""
+        self.active = True
+        if records:
+            earlier = self.by_mode.setdefault(None, ModeTally())
+            earlier.records += records
+            earlier.completion_tokens += completion_tokens
+            earlier.completions.extend(completions)
+
+    def add(self, fields: Fields) -> None:
+        """Count the records of fields by their mode (nothing before :meth:`start`)."""
+        if not self.active:
+            return
+        low, high = _INT64
+        for sample_id, mode, tokens, turn in zip(fields.sample_id, fields.mode,
+                                                 fields.completion_tokens, fields.turn,
+                                                 strict=True):
+            tally = self.by_mode.get(mode)
+            if tally is None:
+                tally = self.by_mode[mode] = ModeTally()
+            tally.records += 1
+            if tokens is not None:
+                tally.completion_tokens += tokens
+                tally.completions.append(min(max(tokens, low), high))
+            if turn is not None:
+                tally.conversations.add(sample_id)
 
 
 class _ErrorLine(msgspec.Struct):

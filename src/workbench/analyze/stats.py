@@ -52,6 +52,22 @@ None for a single-turn dataset, whose figures are unchanged):
     turns per conversation      mean (turns over conversations) and max
     by_turn                     per turn index (0, 1, ...): records and completion tokens
     ended                       conversations ended early, by reason (records' ``ended``)
+
+A dataset that mixes modes (run.json's ``modes``, or records that carry a ``mode``) also gets
+``modes`` (:class:`ModeStats`, None for any other dataset, whose figures are unchanged):
+
+    source                      the deployment sample the modes were taken from (run.json's
+                                ``modes_source``; None: written in the manifest)
+    per mode, in run.json's order (then modes only the records name, then the records
+    without a mode):
+    wanted                      its weight as a share of the weights (None: not in run.json)
+    records, record_share       its records, and their share of the dataset's records
+    conversations, conversation_share
+                                for a dataset regenerated turn by turn: the distinct sample
+                                ids of its records with a turn, and their share (the mix is
+                                drawn per conversation, so this is the mix written)
+    completion tokens           total, mean and nearest-rank median over its records with a
+                                completion count
 """
 
 from __future__ import annotations
@@ -65,6 +81,8 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.analyze.counters import (
     ErrorCounts,
+    ModeCounts,
+    ModeTally,
     PromptCounts,
     RawCounts,
     TurnCounts,
@@ -86,17 +104,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_WINDOW",
+    "NO_MODE",
     "RECENT_ROWS",
     "DatasetStats",
+    "ModeFigures",
+    "ModeStats",
     "RecentStats",
     "RunStats",
     "StatsCollector",
     "TurnStats",
     "collect_stats",
+    "requested_mix",
 ]
 
 DEFAULT_WINDOW = RATE_WINDOW
 RECENT_ROWS = 1000
+NO_MODE = "(no mode)"  # how the records of a dataset that mixes modes that name none are shown
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -149,6 +172,107 @@ class TurnStats:
         }
 
 
+def requested_mix(ds: DatasetDir) -> dict[str, float]:
+    """The modes run.json gives the dataset, each with its weight as a share of their sum
+    (in run.json's order; a weight that is no positive number counts as none)."""
+    weights = {mode["name"]: _weight(mode.get("weight")) for mode in ds.modes}
+    total = sum(weights.values())
+    return {name: (weight / total if total > 0 else 0.0) for name, weight in weights.items()}
+
+
+def _weight(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return 0.0
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeFigures:
+    """One mode of a dataset that mixes modes (the module docstring); ``name`` None stands
+    for the records without a mode, ``conversations`` None outside a turns dataset."""
+
+    name: str | None
+    wanted: float | None
+    records: int
+    record_share: float | None
+    conversations: int | None
+    conversation_share: float | None
+    completion_tokens: int
+    counted: int
+    mean_completion_tokens: float | None
+    median_completion_tokens: int | None
+
+    @property
+    def written(self) -> float | None:
+        """The share written, to set against ``wanted``: of the conversations in a turns
+        dataset (modes are drawn per conversation), else of the records."""
+        return self.record_share if self.conversations is None else self.conversation_share
+
+    def to_dict(self) -> dict[str, Any]:
+        """One item of the ``modes.by_mode`` list of ``workbench stats --json``."""
+        return {
+            "mode": self.name,
+            "wanted_share": _round(self.wanted, 4),
+            "records": self.records,
+            "record_share": _round(self.record_share, 4),
+            "conversations": self.conversations,
+            "conversation_share": _round(self.conversation_share, 4),
+            "completion_tokens": self.completion_tokens,
+            "mean_completion_tokens": _round(self.mean_completion_tokens, 3),
+            "median_completion_tokens": self.median_completion_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModeStats:
+    """The modes of a dataset that mixes them: what was asked against what was written (the
+    module docstring); ``unit`` says what the written shares are of."""
+
+    source: str | None
+    unit: str  # "conversations" (a turns dataset) or "records"
+    modes: tuple[ModeFigures, ...]
+
+    @classmethod
+    def of(cls, counts: ModeCounts, ds: DatasetDir, turns: bool) -> ModeStats | None:
+        """The figures of a dataset's modes; None for a dataset that mixes none."""
+        wanted = requested_mix(ds)
+        named = [mode for mode in counts.by_mode if mode is not None]
+        if not wanted and not named:
+            return None
+        order: list[str | None] = [*wanted, *sorted(m for m in named if m not in wanted)]
+        if None in counts.by_mode:
+            order.append(None)
+        tallies = [counts.by_mode.get(mode) or ModeTally() for mode in order]
+        records = sum(t.records for t in tallies)
+        conversations = sum(len(t.conversations) for t in tallies)
+        figures = tuple(_mode_figures(mode, wanted.get(mode) if mode else None, tally, records,
+                                      conversations if turns else None)
+                        for mode, tally in zip(order, tallies, strict=True))
+        return cls(ds.modes_source, "conversations" if turns else "records", figures)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``modes`` object of ``workbench stats --json``."""
+        return {"source": self.source, "written_of": self.unit,
+                "by_mode": [mode.to_dict() for mode in self.modes]}
+
+
+def _share(part: int, whole: int | None) -> float | None:
+    return part / whole if whole else None
+
+
+def _mode_figures(name: str | None, wanted: float | None, tally: ModeTally, records: int,
+                  conversations: int | None) -> ModeFigures:
+    """One mode's figures; `conversations` the dataset's (None outside a turns dataset)."""
+    own = None if conversations is None else len(tally.conversations)
+    return ModeFigures(
+        name=name, wanted=wanted, records=tally.records,
+        record_share=_share(tally.records, records), conversations=own,
+        conversation_share=None if own is None else _share(own, conversations),
+        completion_tokens=tally.completion_tokens, counted=tally.counted,
+        mean_completion_tokens=_share(tally.completion_tokens, tally.counted),
+        median_completion_tokens=tally.median())
+
+
 @dataclass(frozen=True, slots=True)
 class DatasetStats:
     """One dataset's figures (see the module docstring for their definitions)."""
@@ -184,6 +308,7 @@ class DatasetStats:
     last_error_write: float | None = None
     recent: RecentStats = field(default_factory=RecentStats)
     turns: TurnStats | None = None
+    modes: ModeStats | None = None
 
     @property
     def layout(self) -> str:
@@ -242,6 +367,7 @@ class DatasetStats:
                 "window_errors": self.recent.window_errors,
             },
             **({} if self.turns is None else {"turns": self.turns.to_dict()}),
+            **({} if self.modes is None else {"modes": self.modes.to_dict()}),
         }
 
 
@@ -288,15 +414,19 @@ class _Dataset:
         self.raw_cursor = Cursor(ds.raw_path)
         self.errors_cursor = Cursor(ds.errors_path)
         self.prompts_cursor = Cursor(ds.prompts_path)
-        self.raw = RawCounts(recent_rows)
+        self.raw = self._new_raw()
         self.errors = ErrorCounts()
         self.prompts = PromptCounts()
         self.unresolved: set[object] = set()
+
+    def _new_raw(self) -> RawCounts:
+        return RawCounts(self.recent_rows, mixing=bool(self.ds.modes))
 
     def update(self, cutoff: float, scanned: FileScan | None = None) -> None:
         """Read what was appended (or everything again, for a file that changed); the
         records of raw_responses.jsonl come from `scanned` when given."""
         self._prune(cutoff)
+        self.raw.mixing = bool(self.ds.modes)  # run.json as it is now
         self._update_errors(cutoff)
         if scanned is None:
             self._update_raw(cutoff)
@@ -306,7 +436,7 @@ class _Dataset:
 
     def _use_scan(self, scanned: FileScan, cutoff: float) -> None:
         self.raw_cursor.poll()  # the file's last write time
-        self.raw = RawCounts(self.recent_rows)
+        self.raw = self._new_raw()
         self.unresolved = set(self.errors.ids)
         self.raw.add_scan(scanned, cutoff, self.unresolved)
         self.times = RecordTimes(self.times.window)
@@ -333,7 +463,7 @@ class _Dataset:
     def _update_raw(self, cutoff: float) -> None:
         change = self.raw_cursor.poll()
         if change in ("reset", "gone"):
-            self.raw = RawCounts(self.recent_rows)
+            self.raw = self._new_raw()
             self.unresolved = set(self.errors.ids)
             self.times = RecordTimes(self.times.window)
         if change in ("grown", "reset"):
@@ -414,12 +544,18 @@ class _Dataset:
             last_error_write=self.errors_cursor.mtime,
             recent=self._recent(window_records, now - window),
             turns=TurnStats.of(raw.turns),
+            modes=ModeStats.of(raw.modes, self.ds, self._turns()),
         )
         stats = replace(stats, **progress(stats)._asdict())
         if stats.finished:  # its rates over its running time: fixed from now on
             tok_rate, req_rate = self.times.rates(now, finished=True)
             stats = replace(stats, tokens_per_s=tok_rate, requests_per_s=req_rate)
         return stats
+
+    def _turns(self) -> bool:
+        """Whether the dataset is regenerated turn by turn (run.json says so, or its
+        records carry a turn)."""
+        return self.raw.turns.records > 0 or self.ds.settings.get("turns") == "each"
 
     def _recent(self, window_records: int, cutoff: float) -> RecentStats:
         rows, missing_completion, missing_prompt, truncated, with_reason = self.raw.recent_counts()

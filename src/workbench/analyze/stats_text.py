@@ -2,8 +2,11 @@
 
 Two tables (counts; spread and progress), then notes per dataset, then for each dataset of
 conversations regenerated turn by turn its turns: conversations, turns per conversation,
-completion tokens by turn index and the conversations ended early by reason. Token columns
-count completion tokens unless named otherwise:
+completion tokens by turn index and the conversations ended early by reason; then for each
+dataset that mixes modes the mix asked for against the mix written (records per mode, and
+conversations per mode in a turns dataset) and each mode's completion tokens, naming the
+deployment sample the modes were taken from. Token columns count completion tokens unless
+named otherwise:
 
     failed        failed ids still without a record (errors counts failed attempts)
     missing       records whose completion count cannot be read (never counted as 0)
@@ -17,7 +20,15 @@ import json
 import os
 
 from workbench.analyze.eta import stopped_by_budget
-from workbench.analyze.stats import DatasetStats, RunStats, TurnStats, collect_stats
+from workbench.analyze.stats import (
+    NO_MODE,
+    DatasetStats,
+    ModeFigures,
+    ModeStats,
+    RunStats,
+    TurnStats,
+    collect_stats,
+)
 from workbench.rundir.run import check_run_dir
 from workbench.text import format_count, format_duration, format_rate, format_table
 
@@ -84,6 +95,32 @@ def _turn_lines(name: str, turns: TurnStats) -> list[str]:
     return lines
 
 
+def _share_text(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def _mode_row(mode: ModeFigures, turns: bool) -> list[str]:
+    counts = [format_count(mode.records)]
+    if turns:
+        counts = [format_count(mode.conversations), *counts]
+    spread = (mode.mean_completion_tokens, mode.median_completion_tokens)
+    return [NO_MODE if mode.name is None else mode.name, _share_text(mode.wanted),
+            _share_text(mode.written), *counts, format_count(mode.completion_tokens),
+            *(format_count(v) for v in spread)]
+
+
+def _mode_lines(name: str, modes: ModeStats) -> list[str]:
+    """A dataset's mix of modes, asked against written, and each mode's completion tokens."""
+    turns = modes.unit == "conversations"
+    source = "" if modes.source is None else f", taken from the deployment sample {modes.source}"
+    lines = [f"{name}: modes, wanted against written (share of {modes.unit}){source}"]
+    headers = ["mode", "wanted", "written", *(["conversations"] if turns else []), "records",
+               "completion tok", "avg", "p50"]
+    rows = [_mode_row(mode, turns) for mode in modes.modes]
+    lines += ["  " + line for line in format_table(headers, rows, left=1).splitlines()]
+    return lines
+
+
 def format_stats_table(stats: RunStats) -> str:
     """The readable form of ``workbench stats``: counts, then spread and progress, then notes.
 
@@ -102,6 +139,9 @@ def format_stats_table(stats: RunStats) -> str:
     for d in stats.datasets.values():
         if d.turns is not None:
             lines += _turn_lines(d.name, d.turns)
+    for d in stats.datasets.values():
+        if d.modes is not None:
+            lines += _mode_lines(d.name, d.modes)
     lines.append(f"rates over the last {format_duration(stats.window)} of record timestamps")
     return "\n".join(lines)
 

@@ -9,6 +9,9 @@ bad input fails before anything is written.
 - Order: a dataset's prompts go out in a seeded random order (``order: random``, the
   default; the seed is ``order_seed`` in run.json, kept on resume), or in file order
   (``order: file``), so a budget keeps a fair subset of a sorted or grouped file.
+- Modes: a dataset that mixes ``modes`` draws each prompt's mode along the send order of all
+  its rows (:func:`mode_draw`, :func:`workbench.modes.draw`) before rendering it with the
+  mode's chat-template arguments; a resume keeps the modes prompts.jsonl recorded.
 - Duplicates: a dataset with ``dedup: exact | near`` drops its copies of prompts that an
   earlier dataset of the manifest keeps, or an earlier row of its own, before the order and
   the sample cap (:mod:`workbench.generate.dedup`); they are written to ``skipped.jsonl``,
@@ -77,15 +80,21 @@ from workbench.rundir.files import (
     set_aside,
     write_lines_atomic,
 )
-from workbench.rundir.layout import RAW_FILE, REJECTED_SUFFIX, TORN_SUFFIX, DatasetDir
+from workbench.rundir.layout import (
+    PROMPTS_FILE,
+    RAW_FILE,
+    REJECTED_SUFFIX,
+    TORN_SUFFIX,
+    DatasetDir,
+)
 from workbench.rundir.line_index import span_reader
 from workbench.rundir.manifest import dataset_entries, read_manifest
 from workbench.rundir.records import SampleId
 from workbench.rundir.storage import storage_error
 from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
 
-__all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "limit", "model_name",
-           "send_order"]
+__all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "limit", "mode_draw",
+           "model_name", "send_order"]
 
 T = TypeVar("T")
 
@@ -170,6 +179,29 @@ def send_order(prompts: list[T], order: str, seed: int, name: str) -> list[T]:
     if order != "file":
         random.Random(f"{seed}/{name}").shuffle(ordered)
     return ordered
+
+
+def mode_draw(spec: DatasetSpec, seed: Callable[[], int],
+              earlier: Path | None) -> ModeDraw | None:
+    """For a dataset that mixes modes, the draw of its prompts' modes
+    (:func:`workbench.modes.draw`) along their send order (every row's, as `seed()`, the
+    run's order seed, and the rows read give it); the modes an earlier session recorded in
+    the prompts.jsonl at `earlier` (on resume) are kept. None for a dataset of one mode."""
+    modes = spec.mode_list()
+    if not modes:
+        return None
+
+    def drawn(ids: list[SampleId]) -> dict[SampleId, str]:
+        order_seed = seed()
+        order = send_order(ids, spec.order or "random", order_seed, spec.name)
+        names = {mode.name: i for i, mode in enumerate(modes)}
+        recorded = recorded_modes(earlier) if earlier is not None else {}
+        fixed = {k: names[name] for k, name in recorded.items() if name in names}
+        picks = draw(order, [mode.weight for mode in modes], f"{order_seed}/{spec.name}/modes",
+                     fixed)
+        return {sample_id: modes[i].name for sample_id, i in picks.items()}
+
+    return drawn
 
 
 def model_name(server_info: Mapping[str, Any], model_info: Mapping[str, Any]) -> str:
@@ -335,33 +367,12 @@ class Plan:
         """With a sample cap in file order, the first prompts; else the whole file (a cap
         in random order draws from all of it, and one after dedup from what is left)."""
         cap = limit(spec.max_samples, self.options.max_samples)
-        modes = self._mode_draw(spec)
+        earlier = self.out / spec.name / PROMPTS_FILE if self.options.resume else None
+        modes = mode_draw(spec, self._mode_seed, earlier)
         if not self._whole_file(spec):
             return load_prompts(spec, profile, limit=cap, modes=modes)
         return load_prompts(msgspec.structs.replace(spec, max_samples=None), profile,
                             modes=modes)
-
-    def _mode_draw(self, spec: DatasetSpec) -> ModeDraw | None:
-        """For a dataset that mixes modes, the draw of its prompts' modes
-        (:func:`workbench.modes.draw`) along their send order (every row's, as the seed and
-        the rows read give it); the modes an earlier session recorded in prompts.jsonl are
-        kept (on resume)."""
-        modes = spec.mode_list()
-        if not modes:
-            return None
-
-        def drawn(ids: list[SampleId]) -> dict[SampleId, str]:
-            seed = self._mode_seed()
-            order = send_order(ids, spec.order or "random", seed, spec.name)
-            names = {mode.name: i for i, mode in enumerate(modes)}
-            folder = DatasetDir(spec.name, self.out / spec.name)
-            recorded = recorded_modes(folder.prompts_path) if self.options.resume else {}
-            fixed = {k: names[name] for k, name in recorded.items() if name in names}
-            picks = draw(order, [mode.weight for mode in modes], f"{seed}/{spec.name}/modes",
-                         fixed)
-            return {sample_id: modes[i].name for sample_id, i in picks.items()}
-
-        return drawn
 
     def _mode_seed(self) -> int:
         """The run's order seed, fixed before the first dataset that mixes modes is drawn

@@ -1,5 +1,7 @@
 """A monitor frame drawn: the header, a table of the datasets, one line per dataset
-regenerated turn by turn (its conversations: :mod:`workbench.watch.turns`), the server line
+regenerated turn by turn (its conversations: :mod:`workbench.watch.turns`), one line per
+dataset that mixes modes (each mode's share written against wanted:
+:mod:`workbench.watch.modes`), the server line
 (its load, or why it is not shown, and the run's concurrency), one line per worker behind a
 router, then the alerts. :func:`render_frame` gives plain text (pipes, ``--once``), :func:`render_rich` the
 same frame with colours for the live dashboard.
@@ -35,6 +37,7 @@ from workbench.analyze.stats import DatasetStats, RunStats
 from workbench.server.client import redact_url
 from workbench.text import format_count, format_duration, format_table
 from workbench.watch.fit import Part, cut, fit_line
+from workbench.watch.modes import mode_lines
 from workbench.watch.status import (
     MonitorState,
     ServerState,
@@ -329,7 +332,7 @@ def render_frame(state: MonitorState, width: int | None = None) -> str:
     keep, rows = _layout(state, width, gap=2)
     table = format_table([_HEADERS[i] for i in keep], [[r[i] for i in keep] for r in rows], left=2)
     lines = [header_line(state, width), table, *conversation_lines(state.stats, width),
-             server_line(state, width)]
+             *mode_lines(state.stats, width), server_line(state, width)]
     lines += worker_lines(state, width)
     lines += [cut(str(alert), width) for alert in state.alerts] or ["no alerts"]
     return "\n".join(lines)
@@ -357,6 +360,7 @@ def render_rich(state: MonitorState, width: int | None = None) -> RenderableType
         table.add_row(*cells, end_section=number == len(rows) - 2, style="bold" if last else None)
     lines: list[RenderableType] = [_line(header_line(state, width)), table]
     lines += [_line(line) for line in conversation_lines(state.stats, width)]
+    lines += [_line(line) for line in mode_lines(state.stats, width)]
     lines.append(_line(server_line(state, width)))
     lines += [_line(line) for line in worker_lines(state, width)]
     lines += [_line(str(alert), "bold red") for alert in state.alerts] or [

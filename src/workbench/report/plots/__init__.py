@@ -39,6 +39,8 @@ The package, by concern; what notebooks, the explorer and tests call is re-expor
     distributions  token distributions: histogram, CDF, scatter, reasoning, finish reasons
     conversations  datasets regenerated turn by turn: turns per conversation, tokens by
                    turn index, conversations ended early
+    modes          datasets that mix modes: the mix requested against written, completion
+                   tokens by mode (absent, None, for a run without such a dataset)
     findings       the validation report: banner, findings and examples, findings figures
     quality        duplicates, benchmark contamination, loops, on-policy scores
     subset         the sent subset against the whole dataset
@@ -73,6 +75,12 @@ from workbench.report.plots.findings import (
     findings_view,
     validation_banner,
 )
+from workbench.report.plots.modes import (
+    MIX_COLORS,
+    mode_mix_figure,
+    mode_tokens_figure,
+    modes_view,
+)
 from workbench.report.plots.progress import budget_figure, budget_view, stats_view
 from workbench.report.plots.quality import (
     contamination_view,
@@ -102,6 +110,7 @@ __all__ = [
     "COMPARED",
     "FEW_SYMBOL",
     "HEIGHT",
+    "MIX_COLORS",
     "NO_MATCH",
     "NO_TURNS",
     "PALETTE",
@@ -125,6 +134,9 @@ __all__ = [
     "findings_view",
     "finish_mix_figure",
     "histogram_figure",
+    "mode_mix_figure",
+    "mode_tokens_figure",
+    "modes_view",
     "quality_view",
     "reasoning_figure",
     "record_view",
