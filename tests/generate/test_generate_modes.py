@@ -156,3 +156,27 @@ async def test_each_mode_is_sent_with_its_sampling(tmp_path: Path) -> None:
         expected = ({"temperature": 1.0, "top_p": 1.0} if mode == "hot"
                     else {"temperature": 0.2, "top_p": 0.9})
         assert sent[sample_id] == {**expected, "top_k": -1, "max_new_tokens": 32}
+
+
+def test_skipped_duplicates_leave_the_others_modes_as_drawn(tmp_path: Path,
+                                                            shared_sim: ServerProcess) -> None:
+    rows = tmp_path / "ids.jsonl"
+    with open(rows, "w") as out:
+        for i in range(120):  # every fourth row copies the one before it
+            ids = [11, 12, 13 + (i - 1 if i % 4 == 3 else i)]
+            out.write(json.dumps({"sample_id": i, "input_ids": ids}) + "\n")
+    modes = [{"name": "a", "weight": 3}, {"name": "b", "sampling": {"temperature": 0.5}}]
+    whole = write_manifest(tmp_path, [{"name": "d", "path": str(rows), "input": "input_ids",
+                                       "modes": modes}])
+    assert generate(whole, shared_sim, tmp_path / "whole").returncode == 0
+    drawn = {r["sample_id"]: r["mode"] for r in jsonl(tmp_path / "whole/d/raw_responses.jsonl")}
+    assert Counter(drawn.values()) == {"a": 90, "b": 30}
+    deduped = write_manifest(tmp_path, [{"name": "d", "path": str(rows), "input": "input_ids",
+                                         "modes": modes, "dedup": "exact", "max_samples": 40}])
+    done = generate(deduped, shared_sim, tmp_path / "deduped")
+    assert done.returncode == 0, done.stderr
+    records = jsonl(tmp_path / "deduped/d/raw_responses.jsonl")
+    assert len(records) == 40 and all(r["sample_id"] % 4 != 3 for r in records)
+    assert all(drawn[r["sample_id"]] == r["mode"] for r in records)
+    counts = Counter(r["mode"] for r in records)
+    assert abs(counts["a"] - 30) <= 3  # the copies skipped before the cut shift it a little
