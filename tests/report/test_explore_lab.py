@@ -178,7 +178,8 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
             page.locator(".jp-Notebook .js-plotly-plot").nth(2).wait_for()
             reset = page.locator(".jp-Notebook button", has_text="Reset filters")
             reset.wait_for()
-            page.wait_for_function(f"() => {PLOTS}[0] && {PLOTS}[0].data")
+            page.wait_for_function(f"""() => {PLOTS}[0] && {PLOTS}[0].data &&
+                ['chat', 'ids'].every(n => {PLOTS}[0].data.some(t => t.name === n))""")
             assert {"chat", "ids"} <= set(_trace_names(page, 0))
 
             # the controls and the first figure fit on one 1400x900 screen

@@ -15,6 +15,11 @@ its sample id and turn. A rule whose rate (over the records; over the
 prompts for the missing ones) passes its :class:`~workbench.analyze.rules.Thresholds` rate
 is an error whatever its default severity. Findings come errors first, then in
 :data:`~workbench.analyze.rules.SEVERITY` order.
+
+In a dataset that mixes modes, a ``mode_mismatch`` finding also gives each mode's count of
+its records (:attr:`Finding.modes`, :class:`ModeRate`), and is an error when one mode's rate
+passes its threshold: a mode whose thinking switch does not hold is broken however small a
+share of the dataset it is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from workbench.analyze.rules import PROMPT_RULES, SEVERITY, Severity, Thresholds, counted_over
+from workbench.analyze.rules import (
+    PROMPT_RULES,
+    SEVERITY,
+    Severity,
+    Thresholds,
+    counted_over,
+    rule_bit,
+)
 from workbench.rundir import prompt_scan
 from workbench.rundir.columns import Columns, FileScan, Tally
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
@@ -35,6 +47,7 @@ __all__ = [
     "DatasetReport",
     "Example",
     "Finding",
+    "ModeRate",
     "PromptIds",
     "ValidationReport",
     "dataset_report",
@@ -47,6 +60,8 @@ _NOT_ROWS = frozenset({"malformed", "not_object"})  # prompts.jsonl lines that h
 
 _RULE_ORDER = {rule: index for index, rule in enumerate(SEVERITY)}
 
+BY_MODE = ("mode_mismatch",)  # the rules whose findings give each mode's count
+
 SampleId: TypeAlias = int | str
 
 
@@ -58,14 +73,24 @@ class Example(msgspec.Struct):
     file: str = RAW_FILE
 
 
+class ModeRate(msgspec.Struct):
+    """A finding within one mode: `count` of its `records` fail the rule (`rate`)."""
+
+    count: int
+    records: int
+    rate: float
+
+
 class Finding(msgspec.Struct):
-    """One rule's result for a dataset; `rate` is count over records (prompts when missing)."""
+    """One rule's result for a dataset; `rate` is count over records (prompts when missing);
+    `modes`, of a rule of :data:`BY_MODE`, the same per mode name (None for other rules)."""
 
     rule: str
     severity: Severity
     count: int
     examples: list[Example]
     rate: float | None = None
+    modes: dict[str, ModeRate] | None = None
 
 
 class DatasetReport(msgspec.Struct):
@@ -88,10 +113,15 @@ class ValidationReport(msgspec.Struct):
 
     def to_builtins(self) -> dict[str, Any]:
         """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...},
-        "benchmarks": [...]}, and "notes": [...] when a check could not run."""
+        "benchmarks": [...]}, and "notes": [...] when a check could not run; a finding has
+        "modes" ({mode: {"count", "records", "rate"}}) only when it is given per mode."""
         data: dict[str, Any] = msgspec.to_builtins(self)
         if not self.notes:
             del data["notes"]
+        for dataset in data["datasets"].values():
+            for finding in dataset["findings"]:
+                if finding["modes"] is None:
+                    del finding["modes"]
         return data
 
 
@@ -209,12 +239,27 @@ def _turn_lines(columns: Columns) -> dict[int, Key]:
             if turn is not None}
 
 
+def _mode_rates(columns: Columns, rule: str) -> dict[str, ModeRate]:
+    """Per mode (by name) of the records that have one, how many fail per-record `rule`."""
+    bit = rule_bit(rule)
+    counts: dict[str, list[int]] = {}
+    for mode, failed in zip(columns.mode, columns.failed, strict=True):
+        if mode is not None:
+            entry = counts.setdefault(mode, [0, 0])
+            entry[0] += 1 if failed & bit else 0
+            entry[1] += 1
+    return {mode: ModeRate(count, records, count / records)
+            for mode, (count, records) in sorted(counts.items())}
+
+
 def _findings(
     tallies: Iterable[tuple[str, Tally]], records: int, prompts: int | None,
     thresholds: Thresholds, turns: dict[int, Key] | None = None,
+    columns: Columns | None = None,
 ) -> list[Finding]:
     """Findings of every rule that fired, errors first; `turns` names the records with a
-    turn in the examples (:func:`_named`)."""
+    turn in the examples (:func:`_named`); `columns` give the rules of :data:`BY_MODE`
+    their count per mode."""
     counts: dict[str, int] = {}
     examples: dict[str, list[Example]] = {}
     for file, tally in tallies:
@@ -223,22 +268,25 @@ def _findings(
             examples.setdefault(rule, []).extend(
                 Example(line, detail, file) for line, detail in tally.examples[rule])
     found = [_finding(rule, count, _named(examples[rule], turns) if turns else examples[rule],
-                      records, prompts, thresholds)
+                      records, prompts, thresholds,
+                      _mode_rates(columns, rule) if columns is not None and rule in BY_MODE else None)
              for rule, count in counts.items()]
     return sorted(found, key=lambda f: (_SEVERITY_ORDER[f.severity], _RULE_ORDER[f.rule]))
 
 
 def _finding(
     rule: str, count: int, examples: list[Example], records: int, prompts: int | None,
-    thresholds: Thresholds,
+    thresholds: Thresholds, modes: dict[str, ModeRate] | None = None,
 ) -> Finding:
+    """The finding of one rule; an error when its rate (or one mode's) passes its limit."""
     base = prompts if counted_over(rule) == "prompts" else records
     rate = count / base if base and rule != "no_prompts" else None
     severity = SEVERITY[rule]
     limit = thresholds.error_rate(rule)
-    if limit is not None and rate is not None and rate > limit:
+    rates = [rate, *(mode.rate for mode in (modes or {}).values())]
+    if limit is not None and any(r is not None and r > limit for r in rates):
         severity = "error"
-    return Finding(rule, severity, count, examples[: thresholds.max_examples], rate)
+    return Finding(rule, severity, count, examples[: thresholds.max_examples], rate, modes)
 
 
 def dataset_report(
@@ -261,6 +309,7 @@ def dataset_report(
     if prompts is not None and prompts.sent_ids is not None:
         _prompt_token_findings(scan, prompts.sent_ids, records)
     count = len(prompts.lines) if prompts is not None else None
-    findings = _findings(tallies, scan.records, count, thresholds, _turn_lines(scan.columns))
+    findings = _findings(tallies, scan.records, count, thresholds, _turn_lines(scan.columns),
+                         scan.columns)
     ok = not any(f.severity == "error" for f in findings)
     return DatasetReport(ok, scan.records, count, findings)

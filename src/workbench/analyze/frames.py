@@ -2,8 +2,9 @@
 
     run_overview          the report header: run.json facts, datasets, model profile
     record_frame          one row per record: token counts, finish reason, time, the
-                          split of output_ids at the profile's think-end id, and the
-                          turn of a conversation regenerated turn by turn (NA otherwise)
+                          split of output_ids at the profile's think-end id, the turn
+                          of a conversation regenerated turn by turn and the mode of a
+                          dataset that mixes modes (NA otherwise)
     log_axes, wants_log   per token column, whether its axis should be logarithmic (the
                           values span more than two decades, or a long tail)
     histogram, cdf        completion-token distributions (linear or log-spaced bins)
@@ -22,6 +23,10 @@ The reasoning split, per record: ids before the first think-end id are reasoning
 it are the answer, trailing end ids (end_ids, eos_id) count in neither. A reply without the
 think-end id is all reasoning (``closed`` False). A dataset that switched thinking off, or a
 profile without a think-end id, has no reasoning: the whole reply is answer, ``closed`` NA.
+In a dataset that mixes modes, a record's own mode says (its chat-template arguments over the
+dataset's, :meth:`~workbench.rundir.layout.DatasetDir.template_kwargs`): a record of a mode
+that switched thinking off is all answer. The split is the scan's
+(:meth:`workbench.analyze.rules.RecordChecker.split`); the frame holds what it gives.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analyze.rules import failed_rules, reasoning_expected
+from workbench.analyze.rules import dataset_checker, failed_rules
 from workbench.analyze.scan import RunScan, scan_run
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
@@ -67,7 +72,7 @@ __all__ = [
 ]
 
 RECORD_COLUMNS: tuple[str, ...] = (
-    "dataset", "line", "sample_id", "turn", "ended", "prompt_tokens", "completion_tokens",
+    "dataset", "line", "sample_id", "turn", "ended", "mode", "prompt_tokens", "completion_tokens",
     "cached_tokens", "finish_reason", "ts", "e2e_latency", "output_len", "reasoning_tokens",
     "answer_tokens", "closed",
 )  # fmt: skip
@@ -81,7 +86,10 @@ MISSING_REASON = "missing"
 
 @dataclass(frozen=True, slots=True)
 class RunOverview:
-    """What a report header says about a run (None where run.json does not say)."""
+    """What a report header says about a run (None where run.json does not say).
+
+    ``reasoning``: per dataset, whether its replies should hold reasoning; for a dataset
+    that mixes modes, whether any of its modes' should."""
 
     run_dir: Path
     model: str | None
@@ -139,9 +147,14 @@ def run_overview(
         datasets=tuple(ds.name for ds in run.datasets),
         max_new_tokens={ds.name: _max_new_tokens(ds) for ds in run.datasets},
         max_tokens={ds.name: _int(ds.settings.get("max_tokens")) for ds in run.datasets},
-        reasoning={ds.name: reasoning_expected(profile, ds.chat_template_kwargs)
-                   for ds in run.datasets},
+        reasoning={ds.name: _reasoning(profile, ds) for ds in run.datasets},
     )
+
+
+def _reasoning(profile: ModelProfile, ds: DatasetDir) -> bool:
+    """Whether the dataset's replies should hold reasoning: any of its modes' when it mixes
+    modes, else its own (the split its records' scan made)."""
+    return dataset_checker(ds, profile).splits
 
 
 # --- one row per record ----------------------------------------------------------------------
@@ -174,7 +187,9 @@ def record_frame(
     ``turn`` (Int64) and ``ended`` (string) are a record's turn of its conversation and why
     the conversation ended after it, for a dataset regenerated turn by turn (``turns:
     each``); NA for a single-turn record, and for a turn after which the conversation went
-    on. Every record frame has both columns, so its shape does not depend on the run.
+    on. ``mode`` (string) is the mode a record of a dataset that mixes modes was generated
+    in (NA elsewhere). Every record frame has these columns, so its shape does not depend
+    on the run.
     """
     scan = scanned(run_dir, model_profile, datasets)
     names = [name for name in scan.files if not datasets or name in datasets]
@@ -197,6 +212,7 @@ def _typed_frame(columns: Sequence[Columns], names: list[str]) -> pd.DataFrame:
     frame["sample_id"] = pd.Series(_joined(columns, "sample_id"), dtype="object")
     frame["turn"] = pd.array(_joined(columns, "turn"), dtype="Int64")
     frame["ended"] = pd.array(_joined(columns, "ended"), dtype="string")
+    frame["mode"] = pd.array(_joined(columns, "mode"), dtype="string")
     for column in _INT_COLUMNS:
         frame[column] = pd.array(_joined(columns, column), dtype="Int64")
     reasons = _joined(columns, "finish_reason")

@@ -13,7 +13,8 @@ each from the block that holds it, and decodes their ids with a tokenizer when o
     search_replies        the selected records whose decoded reply holds a text
 
 Reasoning and answer are split at the profile's think-end id, as in the record frame
-(:mod:`workbench.analyze.frames`).
+(:mod:`workbench.analyze.frames`); a record of a mode that switched thinking off (a dataset
+that mixes modes) is all answer.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pandas as pd
 
 from workbench.analyze.findings import ValidationReport
 from workbench.analyze.frames import RunSource, scanned
-from workbench.analyze.rules import RecordChecker, reasoning_expected
+from workbench.analyze.rules import dataset_checker
 from workbench.analyze.scan import SCAN_BLOCK_BYTES, RunScan
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
@@ -212,8 +213,9 @@ def _example_row(name: str, finding: Any, example: Any, row: Row | None, decoder
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One record shown in full: its reasoning and answer as text (decoded) or ids, and its
-    turn of a conversation regenerated turn by turn (None for a single-turn record)."""
+    """One record shown in full: its reasoning and answer as text (decoded) or ids, its
+    turn of a conversation regenerated turn by turn (None for a single-turn record) and its
+    mode (None outside a dataset that mixes modes)."""
 
     dataset: str
     line: int
@@ -226,6 +228,7 @@ class Sample:
     decoded: bool
     cut: bool
     turn: int | None = None
+    mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,7 +260,7 @@ def _sample(name: str, row: Row, profile: ModelProfile, reasoning: bool, decoder
     answer, cut_tail = show(tail)
     return Sample(name, row.line, row.sample_id, row.finish_reason, row.prompt_tokens,
                   row.completion_tokens, thought, answer, decoder is not None, cut_head or cut_tail,
-                  row.turn)
+                  row.turn, row.mode)
 
 
 def samples(
@@ -280,10 +283,11 @@ def samples(
     shown = []
     for ds in run.datasets:
         lines = chosen.loc[chosen["dataset"] == ds.name, "line"].tolist()
-        reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
+        checker = dataset_checker(ds, profile)
         found = _rows_at(ds.raw_path, set(lines), scan.files.get(ds.name))
         for line, row in sorted(found.items()):
-            shown.append(_sample(ds.name, row, profile, reasoning, decoder, chars))
+            shown.append(_sample(ds.name, row, profile, checker.reasoning_of(row.mode), decoder,
+                                 chars))
     return shown
 
 
@@ -293,8 +297,9 @@ def samples(
 @dataclass(frozen=True, slots=True)
 class RecordDetail:
     """One record opened in full: prompt, reasoning and answer (decoded with special tokens
-    visible, or as ids), counts, the per-record findings it has, and its turn of a
-    conversation regenerated turn by turn (None for a single-turn record)."""
+    visible, or as ids), counts, the per-record findings it has, its turn of a
+    conversation regenerated turn by turn (None for a single-turn record) and its mode (None
+    outside a dataset that mixes modes)."""
 
     dataset: str
     line: int
@@ -311,6 +316,7 @@ class RecordDetail:
     findings: tuple[tuple[str, str], ...]
     matched_stop_name: str | None = None  # the stop token's text (<|im_end|>), else the profile's name
     turn: int | None = None
+    mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -373,16 +379,17 @@ def record_detail(
     row = _rows_at(ds.raw_path, {line}, scan.files.get(ds.name)).get(line)
     if row is None:
         raise ConfigError("line", f"{ds.raw_path}: no readable record at line {line}")
-    reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
+    checker = dataset_checker(ds, profile)
     decoder, names = _decoder(tokenizer), _id_names(profile)
-    head, tail = _parts(row.output_ids or [], profile, reasoning)
-    problems = RecordChecker(profile, reasoning=reasoning).check_rows([row])[0]
+    head, tail = _parts(row.output_ids or [], profile, checker.reasoning_of(row.mode))
+    problems = checker.check_rows([row])[0]
     return RecordDetail(
         dataset, line, row.sample_id, row.finish_reason, row.matched_stop, row.prompt_tokens,
         row.completion_tokens, row.cached_tokens,
         _prompt_of(ds.prompts_path, row.sample_id, decoder, names, row.turn),
         None if head is None else _show(head, decoder, names), _show(tail, decoder, names),
-        decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names), row.turn)
+        decoder is not None, tuple(problems), _stop_name(row.matched_stop, decoder, names), row.turn,
+        row.mode)
 
 
 def search_replies(

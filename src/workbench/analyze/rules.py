@@ -56,6 +56,12 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
     special_heavy         warning   a reply whose special ids (the profile's special_start on,
                                     the think, end, eos and tool-call ids aside) are
                                     special_share (0.2) of its ids or more, at least 4 of them
+    mode_mismatch         warning   a record of a mode (a dataset that mixes modes) whose ids
+                                    contradict it: its mode switched thinking off and the reply
+                                    holds a think-end or think-start id, or its mode reasons and
+                                    a reply that finished ("stop") holds no think-end id; the
+                                    finding gives each mode's count of its records; error when
+                                    a mode's rate passes mode_mismatch_error_rate
 
 `prompt_tokens_mismatch` compares only prompts sent as token ids (``input: input_ids``, and
 ``messages``, which the workbench tokenizes itself): prompts.jsonl holds their ids. A text
@@ -68,9 +74,12 @@ A reply whose reasoning never reaches an answer is told by the reasoning rules b
 finished reply with no think-end id, `reasoning_unclosed`; nothing after it, `empty_answer`)
 and by `truncated`, whose example says when the cut fell inside the reasoning.
 
-The reasoning rules run when the model profile has a think-end id and the dataset did not
-switch thinking off (its ``chat_template_kwargs`` set the profile's thinking argument to
-false). Per-record rules live in :class:`RecordChecker`, which the export's filters use too.
+The reasoning rules run when the model profile has a think-end id and the record's
+chat-template arguments did not switch thinking off (they set the profile's thinking argument
+to false): the dataset's ``chat_template_kwargs``, and in a dataset that mixes modes the
+record's mode's over them (:func:`mode_reasoning`), so a record of a thinking-off mode is all
+answer and is never `reasoning_unclosed`. Per-record rules live in :class:`RecordChecker`
+(:func:`dataset_checker` builds a dataset's), which the export's filters use too.
 
 The run-level findings (counts, rates, examples, escalation) are :mod:`workbench.analyze.findings`;
 the one pass over a run is :mod:`workbench.analyze.scan`.
@@ -79,7 +88,7 @@ the one pass over a run is :mod:`workbench.analyze.scan`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, TypeAlias
 
 import msgspec
@@ -88,6 +97,8 @@ import numpy as np
 from workbench import sketch
 from workbench.profiles import ModelProfile, reasoning_expected
 from workbench.rundir.figures import FigureStore, ReplyFigures, reply_figures
+from workbench.rundir.layout import DatasetDir
+from workbench.rundir.line_index import key_text
 from workbench.rundir.records import Row, missing_fields
 
 __all__ = [
@@ -100,7 +111,9 @@ __all__ = [
     "Severity",
     "Thresholds",
     "counted_over",
+    "dataset_checker",
     "failed_rules",
+    "mode_reasoning",
     "reasoning_expected",
     "record_failures",
     "record_problems",
@@ -135,6 +148,7 @@ SEVERITY: dict[str, Severity] = {
     "id_out_of_vocab": "error",
     "repetition": "warning",
     "special_heavy": "warning",
+    "mode_mismatch": "warning",
     "duplicate_prompt": "warning",
     "near_duplicate_prompt": "info",
     "duplicate_reply": "warning",
@@ -166,7 +180,8 @@ RECORD_RULES: tuple[str, ...] = (
     "stray_think_start",
     "context_reduced",
     "repetition",
-    "special_heavy",  # new rules go last: the bits of the rules before them keep their meaning
+    "special_heavy",
+    "mode_mismatch",  # new rules go last: the bits of the rules before them keep their meaning
 )
 
 PROBLEM_RULES = {"malformed": "parse_error", "not_object": "parse_error",
@@ -198,6 +213,7 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     orphan_response_error_rate: float = 1.0
     repetition_error_rate: float = 0.05
     special_heavy_error_rate: float = 0.05
+    mode_mismatch_error_rate: float = 0.02
     max_examples: int = 5
     repetition_share: float = 0.5
     repetition_ngram: int = sketch.DEFAULT_REPEAT_NGRAM
@@ -222,9 +238,11 @@ class IdStats(NamedTuple):
     """Per-row facts about the output ids of a batch of rows, found with a few array passes.
 
     Positions are within the row's ids; -1 when absent. `after_end` is the id right after the
-    first think-end id (-1 when there is none). `repeat` is the share of the row's ids inside
-    a repeated n-gram, `special` the number of its special ids (see the module docstring);
-    `flat` the batch's ids in one array, for the checks that follow the rules.
+    first think-end id (-1 when there is none); the think ids are looked for only when the
+    checker needs them (:attr:`RecordChecker.think_facts`), else counted 0 and found -1.
+    `repeat` is the share of the row's ids inside a repeated n-gram, `special` the number of
+    its special ids (see the module docstring); `flat` the batch's ids in one array, for the
+    checks that follow the rules.
     """
 
     bad_vocab: list[int]
@@ -295,14 +313,15 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker, *, figures:
     bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
     special = flat.count_where(checker.special_mask(ids)) if n else []
     profile = checker.profile
-    reasoning = checker.reasoning and n > 0
-    end_first = flat.first_where(ids == profile.think_end) if reasoning else np.full(n, -1)
+    facts = checker.think_facts and n > 0
+    end_first = flat.first_where(ids == profile.think_end) if facts else np.full(n, -1)
+    split = end_first if checker.splits else np.full(n, -1)
     ngram = checker.repetition_ngram
-    quality = (reply_figures(ids, flat.starts, flat.ends, end_first, ngram, known) if figures
+    quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
                else None)
     repeat: list[float] = (quality.repeat if quality is not None else sketch.split_repeat_share(
-        ids, flat.starts, flat.ends, end_first, ngram)).tolist()
-    if not reasoning:
+        ids, flat.starts, flat.ends, split, ngram)).tolist()
+    if not facts:
         return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat,
                        quality)
     start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
@@ -313,26 +332,45 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker, *, figures:
 class RecordChecker:
     """The per-record rules for one model profile; rows must be read with output ids.
 
-    `reasoning` False skips the reasoning rules (thinking switched off); `vocab_size`
+    `reasoning` False skips the reasoning rules (thinking switched off) of the records
+    without a mode; `modes` maps each mode of a dataset that mixes them to whether its
+    replies reason (:func:`mode_reasoning`): a record of a mode follows its mode's (one it
+    does not name, `reasoning`), and is checked against it (`mode_mismatch`). `vocab_size`
     defaults to the profile's. :meth:`check_rows` looks at the ids of a batch of rows with a
     few numpy passes (no Python loop over ids); the rules themselves are
     :meth:`_row_problems`, written once for validation and the export's filters.
+
+    `splits`: whether replies are split at the think-end id for the repeated-n-gram share
+    (some record reasons; as generate keeps the reply figures), `think_facts` whether the
+    think ids are looked for at all (some record reasons, or there are modes to check).
     """
 
     def __init__(
         self, profile: ModelProfile, *, vocab_size: int | None = None, reasoning: bool = True,
-        thresholds: Thresholds | None = None,
+        modes: Mapping[str, bool] | None = None, thresholds: Thresholds | None = None,
     ) -> None:
         limits = thresholds or Thresholds()
         self.repetition_share, self.repetition_ngram, self.special_share = limits.record_limits()
         self.profile = profile
         self.vocab_size = vocab_size if vocab_size is not None else profile.vocab_size
-        self.reasoning = reasoning and profile.think_end is not None
+        thinks = profile.think_end is not None
+        self.reasoning = reasoning and thinks
+        self.modes = {name: expected and thinks for name, expected in (modes or {}).items()}
+        self.splits = any(self.modes.values()) if self.modes else self.reasoning
+        self.think_facts = thinks and (self.reasoning or bool(self.modes))
         ends = (*profile.end_ids, *(() if profile.eos_id is None else (profile.eos_id,)))
         self.end_ids = frozenset(ends)
         self.starts_allowed = 0 if profile.think_in_template else 1
         expected = (*ends, profile.think_start, profile.think_end, *profile.reply_special_ids)
         self._expected = np.array([i for i in expected if i is not None], dtype=np.int64)
+
+    def reasoning_of(self, mode: str | None) -> bool:
+        """Whether a reply of `mode` (None: no mode) should hold reasoning."""
+        return self.reasoning if mode is None else self.modes.get(mode, self.reasoning)
+
+    def settings(self) -> tuple[object, ...]:
+        """What the rules' verdicts depend on beyond the limits (a cached scan's key)."""
+        return self.profile, self.vocab_size, self.reasoning, tuple(sorted(self.modes.items()))
 
     def special_mask(self, ids: np.ndarray) -> np.ndarray:
         """Where ids are special ids other than the think, end and eos ids (none without the
@@ -362,16 +400,18 @@ class RecordChecker:
                           known=known)
         return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
 
-    def split(self, ids: list[int] | None, end_first: int) -> tuple[int | None, int | None, bool | None]:
-        """(reasoning tokens, answer tokens, closed) of one reply whose first think-end id is
-        at end_first (-1: none). Ids before it are reasoning, ids after it the answer;
-        trailing end ids count in neither. Without reasoning the whole reply is answer."""
+    def split(self, ids: list[int] | None, end_first: int, mode: str | None = None,
+              ) -> tuple[int | None, int | None, bool | None]:
+        """(reasoning tokens, answer tokens, closed) of one reply (of `mode`) whose first
+        think-end id is at end_first (-1: none). Ids before it are reasoning, ids after it
+        the answer; trailing end ids count in neither. Without reasoning (the profile's, or
+        the record's mode switched thinking off) the whole reply is answer."""
         if ids is None:
             return None, None, None
         body = len(ids)
         while body and ids[body - 1] in self.end_ids:
             body -= 1
-        if not self.reasoning:
+        if not self.reasoning_of(mode):
             return 0, body, None
         if end_first < 0:
             return body, 0, False
@@ -383,7 +423,32 @@ class RecordChecker:
         if reduced is not None:
             detail = f"sample_id {row.sample_id!r}: max_new_tokens cut to {reduced} to fit the context"
             found.append(("context_reduced", detail))
+        if row.mode is not None and self.think_facts:
+            mismatch = self._mode_mismatch(row, stats, i)
+            if mismatch is not None:
+                detail = f"{key_text(row.sample_id, row.turn)}: mode {row.mode!r} {mismatch}"
+                found.append(("mode_mismatch", detail))
         return found
+
+    def _mode_mismatch(self, row: Row, stats: IdStats, i: int) -> str | None:
+        """How the reply contradicts its mode (None when it does not, or holds nothing
+        but end ids: `empty_output` tells that)."""
+        ids = row.output_ids
+        if ids is None or self._is_empty(ids):
+            return None
+        end, start = self.profile.think_end, self.profile.think_start
+        if not self.reasoning_of(row.mode):
+            if stats.end_count[i]:
+                return (f"switched thinking off, but the reply holds think-end id {end} "
+                        f"(at {stats.end_first[i]} of {len(ids)} ids)")
+            if start is not None and stats.start_count[i]:
+                return (f"switched thinking off, but the reply holds think-start id {start} "
+                        f"(at {ids.index(start)} of {len(ids)} ids)")
+            return None
+        if row.finish_reason == "stop" and stats.end_first[i] < 0:
+            return (f"reasons, but the reply finished (stop) after {len(ids)} ids with no "
+                    f"think-end id {end}")
+        return None
 
     def _reply_problems(self, row: Row, stats: IdStats, i: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
@@ -395,7 +460,7 @@ class RecordChecker:
         if ids is not None and row.completion_tokens is not None and len(ids) != row.completion_tokens:
             found.append(("token_count_mismatch", _count_detail(len(ids), row.completion_tokens)))
         if finish == "length":
-            found.append(("truncated", self._truncated_detail(ids, stats.end_first[i])))
+            found.append(("truncated", self._truncated_detail(ids, stats.end_first[i], row.mode)))
         elif finish == "abort":
             found.append(("aborted", f"finish_reason abort after {_count(ids)} ids"))
         if ids is None or self._empty(ids, found):
@@ -405,7 +470,7 @@ class RecordChecker:
             detail = (f"output_ids[{position}] = {ids[position]} outside "
                       f"[0, {self.vocab_size}) of {self.profile.name}")
             found.append(("id_out_of_vocab", detail))
-        if self.reasoning:
+        if self.reasoning_of(row.mode):
             self._reasoning_problems(ids, finish, stats, i, found)
         self._degeneracy_problems(ids, stats, i, found)
         return found
@@ -422,16 +487,20 @@ class RecordChecker:
             detail = f"{special} special ids of {len(ids)} ({special / len(ids):.0%})"
             found.append(("special_heavy", detail))
 
+    def _is_empty(self, ids: list[int]) -> bool:
+        """Whether the ids hold nothing but end ids (at most 4 of them)."""
+        return not ids or (len(ids) <= 4 and self.end_ids.issuperset(ids))
+
     def _empty(self, ids: list[int], found: list[tuple[str, str]]) -> bool:
         """Record empty_output; True when the ids hold nothing but end ids."""
-        if ids and (len(ids) > 4 or not self.end_ids.issuperset(ids)):
+        if not self._is_empty(ids):
             return False
         found.append(("empty_output", f"output_ids {ids}"))
         return True
 
-    def _truncated_detail(self, ids: list[int] | None, end_first: int) -> str:
+    def _truncated_detail(self, ids: list[int] | None, end_first: int, mode: str | None) -> str:
         detail = f"finish_reason length after {_count(ids)} ids"
-        if self.reasoning and ids is not None and end_first < 0:
+        if self.reasoning_of(mode) and ids is not None and end_first < 0:
             detail += ", inside the reasoning (no think-end id)"
         return detail
 
@@ -485,6 +554,24 @@ def record_failures(
 ) -> set[str]:
     """The ids of the per-record rules row (read with output ids) fails."""
     return _checker(profile, vocab_size, reasoning).failures(row)
+
+
+def mode_reasoning(ds: DatasetDir, profile: ModelProfile) -> dict[str, bool]:
+    """Per mode of a dataset that mixes modes (run.json), whether its replies should hold
+    reasoning: its chat-template arguments over the dataset's; {} for a dataset without."""
+    return {mode["name"]: reasoning_expected(profile, ds.template_kwargs(mode["name"]))
+            for mode in ds.modes}
+
+
+def dataset_checker(
+    ds: DatasetDir, profile: ModelProfile, vocab_size: int | None = None,
+    thresholds: Thresholds | None = None,
+) -> RecordChecker:
+    """The per-record rules of a dataset's records: reasoning as its chat-template arguments
+    say, per mode in a dataset that mixes modes."""
+    return RecordChecker(profile, vocab_size=vocab_size,
+                         reasoning=reasoning_expected(profile, ds.chat_template_kwargs),
+                         modes=mode_reasoning(ds, profile), thresholds=thresholds)
 
 
 RULE_BITS = {rule: 1 << index for index, rule in enumerate(RECORD_RULES)}

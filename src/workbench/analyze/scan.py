@@ -3,7 +3,8 @@
 :func:`scan_run` reads each dataset's raw_responses.jsonl with its output ids, checks every
 record against the per-record rules (:mod:`workbench.analyze.rules`), and keeps per record
 what the reports draw (the :class:`~workbench.rundir.columns.Columns`: counts, finish reason,
-times, the reasoning split, the rules failed) next to the tallies; prompts.jsonl is read
+times, the reasoning split, the rules failed; in a dataset that mixes modes the split and
+the reasoning rules follow each record's mode) next to the tallies; prompts.jsonl is read
 meanwhile (:mod:`workbench.rundir.prompt_scan`), and the findings of each dataset are built
 from both (:mod:`workbench.analyze.findings`). A report, the stats of that report and the
 explorer then count the very same records.
@@ -41,7 +42,7 @@ from workbench.analyze.rules import (
     IdStats,
     RecordChecker,
     Thresholds,
-    reasoning_expected,
+    dataset_checker,
 )
 from workbench.analyze.turn_prompts import check_turn_prompts
 from workbench.errors import DataError
@@ -114,7 +115,7 @@ def scan_run(
     workers = workers or _default_workers()
     try:
         use_figures = cache if figures is None else figures
-        files = [_file(ds, _dataset_checker(ds, profile, vocab_size, thresholds),
+        files = [_file(ds, dataset_checker(ds, profile, vocab_size, thresholds),
                        thresholds, cache, decontaminate, use_figures)
                  for ds in run.datasets]
         jobs, owners = _plan_jobs(files, workers, decontaminate)
@@ -235,10 +236,11 @@ def _add_columns(
     columns.e2e_latency.extend(row.e2e_latency for row in rows)
     columns.turn.extend(row.turn for row in rows)
     columns.ended.extend(row.ended for row in rows)
+    columns.mode.extend(row.mode for row in rows)
     columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
                               for row in rows)
     for row, first in zip(rows, stats.end_first, strict=True):
-        reasoning, answer, closed = checker.split(row.output_ids, first)
+        reasoning, answer, closed = checker.split(row.output_ids, first, row.mode)
         columns.reasoning_tokens.append(reasoning)
         columns.answer_tokens.append(answer)
         columns.closed.append(closed)
@@ -319,7 +321,7 @@ def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache:
           decontaminate: Decontamination | None, use_figures: bool) -> _File:
     """The file with its cached scan (when `cache` and one fits), else an empty one."""
     path = ds.raw_path
-    think_end = checker.profile.think_end if checker.reasoning else None
+    think_end = checker.profile.think_end if checker.splits else None
     store = figures_path(ds.folder, think_end, checker.repetition_ngram)
     kept = str(store) if use_figures and store.is_file() else None
     overlap_store = None if decontaminate is None else overlaps_path(ds.folder, decontaminate)
@@ -327,7 +329,7 @@ def _file(ds: DatasetDir, checker: RecordChecker, thresholds: Thresholds, cache:
                 and overlap_store.is_file() else None)
     if path.exists() and not path.is_file():
         raise DataError(path, "cannot read: not a regular file")
-    key = cache_key(checker.profile, checker.vocab_size, checker.reasoning, thresholds.max_examples,
+    key = cache_key(*checker.settings(), thresholds.max_examples,
                     RECORD_RULES, thresholds.record_limits(), QUALITY_VERSION,
                     None if decontaminate is None else decontaminate.key)
     # a scan made under other rules, limits or benchmarks is not reused
@@ -370,10 +372,3 @@ def _save(files: Sequence[_File], scans: Sequence[FileScan], owners: list[int]) 
     for index, (file, scan) in enumerate(zip(files, scans, strict=True)):
         if file.path.is_file() and (index in owners or not file.cached):
             SCAN_CACHE.save(file.path, file.key, scan.kept(), scan.end_offset, file.stamp)
-
-
-def _dataset_checker(
-    ds: DatasetDir, profile: ModelProfile, vocab_size: int | None, thresholds: Thresholds
-) -> RecordChecker:
-    reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
-    return RecordChecker(profile, vocab_size=vocab_size, reasoning=reasoning, thresholds=thresholds)

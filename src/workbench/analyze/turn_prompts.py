@@ -4,8 +4,9 @@ Turn k of a ``turns: each`` conversation was sent the chat template's rendering 
 history after the model's turns 0..k-1 (:mod:`workbench.chat.render`). This check renders it
 again, from the data row (:mod:`workbench.analyze.chat_data`) and the records of turns
 0..k-1 (their output ids and finish reasons, each reply read once), with the tokenizer and
-chat template arguments run.json names, and compares it with the turn's ``input_ids`` in
-prompts.jsonl. A turn whose ids differ is a ``turn_prompt_mismatch`` (an error): the example
+chat template arguments run.json names (in a dataset that mixes modes, those of the mode
+the conversation's records name over the dataset's), and compares it with the turn's
+``input_ids`` in prompts.jsonl. A turn whose ids differ is a ``turn_prompt_mismatch`` (an error): the example
 names the sample id and turn and says how they differ (lengths, the first differing position
 and the ids there). So is a turn sent although the records before it end the conversation,
 and every turn of a conversation the data file no longer holds (the file changed since).
@@ -52,6 +53,7 @@ class TurnCheck(NamedTuple):
 class _Output(msgspec.Struct):
     output_ids: list[int] | None = None
     finish_reason: str | None = None
+    mode: str | None = None
 
 
 class _Input(msgspec.Struct):
@@ -104,7 +106,7 @@ def check_turn_prompts(ds: DatasetDir, profile: ModelProfile, max_examples: int)
         for sample_id, spans in records.items():
             checked += _check_conversation(_Conversation(sample_id, spans, prompts, read_raw,
                                                          read_prompt), data, profile,
-                                           tokenizer, ds.chat_template_kwargs, tally)
+                                           tokenizer, ds.template_kwargs, tally)
     return TurnCheck(tally, None, checked)
 
 
@@ -137,9 +139,10 @@ class _Conversation(NamedTuple):
 
 
 def _check_conversation(conversation: _Conversation, data: ChatData, profile: ModelProfile,
-                        tokenizer: Any, kwargs: dict[str, Any], tally: Tally) -> int:
-    """Tally the turns of one conversation whose prompt is not its rendering; the turns
-    compared."""
+                        tokenizer: Any, kwargs_of: Callable[[str | None], dict[str, Any]],
+                        tally: Tally) -> int:
+    """Tally the turns of one conversation whose prompt is not its rendering (with the
+    chat-template arguments `kwargs_of` its mode); the turns compared."""
     spans = conversation.spans
     try:
         row = data.row(conversation.sample_id)
@@ -147,11 +150,11 @@ def _check_conversation(conversation: _Conversation, data: ChatData, profile: Mo
         for span in spans:
             tally.add(RULE, span.line, f"not rebuilt: {exc}")
         return len(spans)
-    outputs, finishes = _outputs(conversation, len(spans) - 1)
-    if outputs is None:
+    history = _history(conversation, len(spans) - 1)
+    if history is None:
         return 0
-    rendered = turn_prompts(row, outputs, finishes, profile, tokenizer, kwargs,
-                            data.truncated)
+    rendered = turn_prompts(row, history.outputs, history.finishes, profile, tokenizer,
+                            kwargs_of(history.mode), data.truncated)
     for turn, span in enumerate(spans):
         sent = conversation.sent(turn)
         if sent is not None:
@@ -159,22 +162,40 @@ def _check_conversation(conversation: _Conversation, data: ChatData, profile: Mo
     return len(spans)
 
 
-def _outputs(conversation: _Conversation, count: int
-             ) -> tuple[list[list[int]] | None, list[str | None]]:
-    """The output ids and finish reasons of the first `count` turns (None when one of them
-    cannot be read: the record rules report it)."""
+class _History(NamedTuple):
+    """The output ids and finish reasons of a conversation's first turns, and the mode its
+    records name (None outside a dataset that mixes modes)."""
+
+    outputs: list[list[int]]
+    finishes: list[str | None]
+    mode: str | None
+
+
+def _history(conversation: _Conversation, count: int) -> _History | None:
+    """The first `count` turns' replies and the conversation's mode, from its first
+    record's (None when one of those records cannot be read: the record rules report it)."""
     outputs: list[list[int]] = []
     finishes: list[str | None] = []
-    for span in conversation.spans[:count]:
-        try:
-            record = _OUTPUT.decode(conversation.read_raw(span))
-        except msgspec.MsgspecError:
-            return None, []
-        if record.output_ids is None:
-            return None, []
+    mode = None
+    for index, span in enumerate(conversation.spans[:max(count, 1)]):
+        record = _output(conversation, span)
+        if index == 0:
+            mode = None if record is None else record.mode
+        if index >= count:
+            break
+        if record is None or record.output_ids is None:
+            return None
         outputs.append(record.output_ids)
         finishes.append(record.finish_reason)
-    return outputs, finishes
+    return _History(outputs, finishes, mode)
+
+
+def _output(conversation: _Conversation, span: LineSpan) -> _Output | None:
+    """The record at span (None when it is not one)."""
+    try:
+        return _OUTPUT.decode(conversation.read_raw(span))
+    except msgspec.MsgspecError:
+        return None
 
 
 def _compare(rendered: list[TurnPrompt], turn: int, sent: list[int], span: LineSpan,

@@ -4,8 +4,10 @@ The rules are :mod:`workbench.analyze.rules`'s, the findings :mod:`workbench.ana
 read in one pass by :func:`workbench.analyze.scan.scan_run` (whose cache makes a second
 validation of a grown run read only the new records); validate also checks each turn's prompt
 of a conversation regenerated turn by turn against the rendering of its history
-(:mod:`workbench.analyze.turn_prompts`), or says in a note why it could not. Exit code 0 unless ``--strict`` and a
-finding is an error (then 1); bad input raises.
+(:mod:`workbench.analyze.turn_prompts`), or says in a note why it could not. A finding given
+per mode (``mode_mismatch``) shows each mode's count of its records after its rate:
+``(direct: 3/40, think: 0/120)``. Exit code 0 unless ``--strict`` and a finding is an error
+(then 1); bad input raises.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def format_report(report: ValidationReport) -> str:
 def _format_finding(finding: Finding) -> str:
     rate = f" ({finding.rate:.1%})" if finding.rate is not None else ""
     head = f"  {finding.severity:<7} {finding.rule:<21} {finding.count:>8,}{rate}"
+    if finding.modes:
+        head += " (" + ", ".join(f"{name}: {mode.count:,}/{mode.records:,}"
+                                 for name, mode in finding.modes.items()) + ")"
     examples = [f"      {e.file}:{e.line}: {e.detail}" for e in finding.examples]
     return "\n".join([head, *examples])
 

@@ -145,6 +145,9 @@ def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--format", choices=("tokens", "conversations"), default="tokens",
                    help="tokens (exact ids, default) or conversations (decoded text)")
     p.add_argument("--only", type=csv, default=(), help="comma-separated dataset names")
+    p.add_argument("--only-mode", type=csv, action="extend", default=[], metavar="NAME[,NAME]",
+                   help="keep the records of these modes only (datasets that mix modes; "
+                        "repeatable)")
     p.add_argument("--drop-truncated", action="store_true", help="leave out records cut at max_new_tokens")
     p.add_argument("--drop", type=csv, default=(),
                    help="leave out records failing these rules, e.g. reasoning_unclosed,repetition; "
@@ -177,7 +180,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from workbench.export.options import ExportOptions
 
     drop = (("truncated",) if args.drop_truncated else ()) + args.drop
-    options = ExportOptions(format=args.format, only=args.only, drop=drop, limit=args.limit,
+    options = ExportOptions(format=args.format, only=args.only,
+                            only_mode=tuple(args.only_mode), drop=drop, limit=args.limit,
                             shuffle=args.shuffle, seed=args.seed, model_profile=args.model_profile,
                             tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
                             trainer=args.trainer, max_length=args.max_length,

@@ -3,7 +3,9 @@
 Formats (one row per exported record; `id` is ``"<dataset>/<sample_id>"``, unique across the
 datasets of a run; a dataset of conversations regenerated turn by turn, ``turns: each``, has
 one record, so one row, per generated assistant turn: its `id` is the conversation's, and
-an int `turn` beside it names the turn, ``(id, turn)`` unique):
+an int `turn` beside it names the turn, ``(id, turn)`` unique; a record of a dataset that
+mixes modes has its `mode`, a string, after `dataset`, ``--for`` rows only when every row
+has one):
 
     tokens          {"id", "dataset", "input_ids", "loss_mask"}: the prepared prompt's ids
                     followed by the record's output_ids; loss_mask is 0 over the prompt and 1
@@ -48,8 +50,14 @@ is written out, so a trainer renders the prompt the model saw. Each row is rende
 the chat template and the generation's ``chat_template_kwargs``; the summary counts the rows
 that give back the generated ids (``exact``), and ``reasoning`` says where the reasoning goes.
 
+Modes: a dataset that mixes modes splits and renders each record with its own mode's
+chat-template arguments (over the dataset's; a thinking-off mode's reply is all content), and
+``only_mode`` (``--only-mode``) keeps the records of the modes named (a name no dataset
+exported has in run.json is a ConfigError); the summary counts each dataset's rows per mode.
+
 Records dropped, by reason (the summary counts each record once, under the first):
 
+    other_mode                   not of a mode of ``only_mode``
     parse_error, torn_line       unreadable lines
     missing_field                no sample_id or no output_ids
     duplicate_sample_id          a (sample_id, turn) seen before in the file (the first is kept)
@@ -86,7 +94,14 @@ from workbench.analyze.rules import RECORD_RULES, Thresholds
 from workbench.analyze.scan import scan_run
 from workbench.errors import ConfigError, DataError, WorkbenchError
 from workbench.export.options import DROP_REASONS, RUN_DROPS, ExportOptions, ExportSummary
-from workbench.export.sinks import PARQUET_SUFFIXES, Sink, TrainerSink, atomic_sink, sink_factory
+from workbench.export.sinks import (
+    PARQUET_SUFFIXES,
+    RowKeys,
+    Sink,
+    TrainerSink,
+    atomic_sink,
+    sink_factory,
+)
 from workbench.export.sources import READ_BLOCK_BYTES, Lines, Source, manifest_spec, open_source
 from workbench.export.threads import ThreadWriter, plan_threads, thread_records
 from workbench.export.trainers import (
@@ -140,8 +155,9 @@ def _export_threads(source: Source, sink: Sink, limit: int | None) -> None:
             if limit is not None and source.stats.written >= limit:
                 source.stats.drop("limit", len(thread.lines))
             else:
-                sink.write(writer.write(index))
-                source.stats.written += 1
+                line = writer.write(index)
+                sink.write(line)
+                source.stats.wrote(line.mode)
     finally:
         writer.close()
 
@@ -152,7 +168,7 @@ def _emit(source: Source, row: Row, sink: Sink) -> None:
         source.stats.drop(result)
     else:
         sink.write(result)
-        source.stats.written += 1
+        source.stats.wrote(result.mode)
 
 
 def _count_rest(source: Source, offset: int, first_line: int) -> None:
@@ -186,8 +202,9 @@ def _export_shuffled(
         order = order[rng.permutation(len(order))]
         for index, item in order.tolist():
             if index in writers:
-                sink.write(writers[index].write(item))
-                sources[index].stats.written += 1
+                line = writers[index].write(item)
+                sink.write(line)
+                sources[index].stats.wrote(line.mode)
                 continue
             rows, _ = parse_lines(lines[index].read(item), first_line=item, with_output_ids=True)
             _emit(sources[index], rows[0], sink)
@@ -276,6 +293,7 @@ def export_run(
     target = Path(to)
     sink_factory(target, options.format, options.trainer)
     run = load_run(out, options.only)
+    _check_only_mode(run, options)
     _check_target_outside(target, run)
     profile = run.profile(options.model_profile)
     with contextlib.ExitStack() as stack:
@@ -292,6 +310,15 @@ def export_run(
     rows = sum(source.stats.written for source in sources)
     return ExportSummary(str(target), options.format, rows, time.perf_counter() - started,
                          {source.name: source.stats for source in sources}, report)
+
+
+def _check_only_mode(run: RunInfo, options: ExportOptions) -> None:
+    """ConfigError when ``--only-mode`` names a mode no dataset exported has (run.json)."""
+    known = list(dict.fromkeys(mode["name"] for ds in run.datasets for mode in ds.modes))
+    unknown = [name for name in options.only_mode if name not in known]
+    if unknown:
+        listed = ", ".join(known) if known else "none: no dataset exported mixes modes"
+        raise ConfigError("--only-mode", f"unknown mode {unknown[0]!r} (known: {listed})")
 
 
 def _drop_benchmarks(run: RunInfo, options: ExportOptions) -> Decontamination:
@@ -341,8 +368,8 @@ def _trainer_outputs(trainer: Trainer, target: Path, entries: list[RowEntry], ru
     report = trainer_report(trainer, target, entries, names, options.max_length,
                             tokenizer or str(model.get("model_path") or "MODEL"))
     datasets = {source.name: _dataset_facts(source) for source in sources}
-    named = bool(sources) and all(source.turns for source in sources)
-    write_manifest(target, report, entries, model, datasets, named)
+    keys = _row_keys(sources, options)
+    write_manifest(target, report, entries, model, datasets, keys.named, keys.all_modes)
     return report
 
 
@@ -369,10 +396,14 @@ def _dataset_facts(source: Source) -> dict[str, Any]:
     sampling (the prompts are rendered without a `tools` argument: tool schemas travel in
     the messages)."""
     settings = source.ds.settings
-    return {"rows": source.stats.written, "dropped": dict(source.stats.dropped),
-            "input": settings.get("input"), "source": settings.get("path"),
-            "chat_template_kwargs": source.ds.chat_template_kwargs,
-            "sampling": settings.get("sampling")}
+    facts = {"rows": source.stats.written, "dropped": dict(source.stats.dropped),
+             "input": settings.get("input"), "source": settings.get("path"),
+             "chat_template_kwargs": source.ds.chat_template_kwargs,
+             "sampling": settings.get("sampling")}
+    if source.ds.modes:  # each mode's template arguments and sampling, and its rows
+        facts["modes"] = source.ds.modes
+        facts["rows_by_mode"] = dict(source.stats.modes)
+    return facts
 
 
 def _check_target_outside(target: Path, run: RunInfo) -> None:
@@ -382,11 +413,21 @@ def _check_target_outside(target: Path, run: RunInfo) -> None:
                                   "write the export outside the dataset folders")
 
 
+def _row_keys(sources: Sequence[Source], options: ExportOptions) -> RowKeys:
+    """Which optional keys the rows carry: a turn (some rows, every row), a mode (some rows;
+    every row when every dataset mixes modes or only some modes are kept)."""
+    every = bool(sources)
+    return RowKeys(turns=any(source.turns for source in sources),
+                   named=every and all(source.turns for source in sources),
+                   modes=any(source.modes for source in sources),
+                   all_modes=every and (bool(options.only_mode)
+                                        or all(source.modes for source in sources)))
+
+
 def _write(sources: Sequence[Source], target: Path, options: ExportOptions) -> Sink:
     try:
-        turns = any(source.turns for source in sources)
-        named = bool(sources) and all(source.turns for source in sources)
-        with (atomic_sink(target, options.format, options.trainer, turns, named) as sink,
+        keys = _row_keys(sources, options)
+        with (atomic_sink(target, options.format, options.trainer, keys) as sink,
               paused_gc()):
             if options.shuffle:
                 _export_shuffled(sources, sink, options.limit, options.seed)
@@ -411,7 +452,10 @@ def format_summary(summary: ExportSummary) -> str:
         trimmed = f"; {ds.trimmed:,} outputs lost prepended prompt ids" if ds.trimmed else ""
         exact = ("" if ds.exact is None else
                  f"; {ds.exact:,} of {ds.written:,} re-render to the generated ids")
-        lines.append(f"  {name}: {ds.written:,} written; dropped: {dropped or 'none'}"
+        modes = ("" if not ds.modes else
+                 " (" + ", ".join(f"{mode} {count:,}" for mode, count in sorted(ds.modes.items()))
+                 + ")")
+        lines.append(f"  {name}: {ds.written:,} written{modes}; dropped: {dropped or 'none'}"
                      f"{trimmed}{exact}")
     if summary.trainer is not None:
         lines += _trainer_lines(summary.trainer)

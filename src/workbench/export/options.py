@@ -27,7 +27,7 @@ RUN_DROPS: dict[str, tuple[str, ...]] = {  # a --drop name -> the run-level rule
 }
 
 DROP_REASONS: tuple[str, ...] = (
-    "parse_error", "torn_line", "missing_field", "duplicate_sample_id", "orphan_response",
+    "other_mode", "parse_error", "torn_line", "missing_field", "duplicate_sample_id", "orphan_response",
     *(rule for rule in RECORD_RULES if rule != "missing_field"), *RUN_DROPS,
     "prompt_tokens_mismatch", "earlier_turn_dropped", "limit",
 )
@@ -41,7 +41,9 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
     n-gram of a benchmark of `decontaminate`, by default the ones generate was given
     ("contaminated"; `benchmark_field` names the benchmark files' prompt field, `ngram` the
-    n); `near_threshold` is the estimated Jaccard similarity of near duplicates. `limit`: rows per dataset at most. `shuffle`: mix the rows of all
+    n); `near_threshold` is the estimated Jaccard similarity of near duplicates.
+    `only_mode`: keep the records of these modes only (a dataset that mixes modes; the
+    others are counted as ``other_mode``). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
     prompts, conversations); `trust_remote_code` lets it run the directory's own code.
     `trainer` (--for): write the rows that trainer reads plus a manifest (trainers.py);
@@ -54,6 +56,7 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     format: ExportFormat = "tokens"
     only: tuple[str, ...] = ()
+    only_mode: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
     limit: int | None = None
     shuffle: bool = False
@@ -81,15 +84,23 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
 class DatasetExport(msgspec.Struct):
     """Rows written and records dropped (by reason) for one dataset; `trimmed` counts
     outputs whose prepended prompt-suffix ids were removed; `exact` (conversations) the rows
-    whose re-rendering with the tokenizer's chat template gives back the generated ids."""
+    whose re-rendering with the tokenizer's chat template gives back the generated ids;
+    `modes` the rows written per mode (a dataset that mixes modes; {} otherwise)."""
 
     written: int = 0
     dropped: dict[str, int] = msgspec.field(default_factory=dict)
     trimmed: int = 0
     exact: int | None = None
+    modes: dict[str, int] = msgspec.field(default_factory=dict)
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
+
+    def wrote(self, mode: str | None) -> None:
+        """Count a row written (of `mode`, None: without one)."""
+        self.written += 1
+        if mode is not None:
+            self.modes[mode] = self.modes.get(mode, 0) + 1
 
 
 class ExportSummary(msgspec.Struct):
@@ -101,5 +112,9 @@ class ExportSummary(msgspec.Struct):
     trainer: TrainerReport | None = None
 
     def to_builtins(self) -> dict[str, Any]:
+        """The summary as JSON-ready dicts; a dataset's "modes" only when it mixes modes."""
         data: dict[str, Any] = msgspec.to_builtins(self)
+        for dataset in data["datasets"].values():
+            if not dataset["modes"]:
+                del dataset["modes"]
         return data

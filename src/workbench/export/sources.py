@@ -3,11 +3,13 @@
 A :class:`Source` holds a dataset's prompts (prompts.jsonl indexed by (sample_id, turn),
 each prompt read back by byte offset when its record is: a conversation regenerated turn by
 turn, ``turns: each``, has one prompt per turn, and each record of a turn is joined to its
-own), its filters (the per-record rules of
-``ExportOptions.drop``), its tokenizer (for text prompts and conversations: the option's,
+own), its filters (``ExportOptions.only_mode`` and the per-record rules of
+``ExportOptions.drop``, whose reasoning rules follow each record's mode in a dataset that
+mixes modes), its tokenizer (for text prompts and conversations: the option's,
 else the one the run's manifest names) and its source messages (conversations), and counts
 what it writes and drops. Everything a format needs is loaded before any row is written
-(:func:`open_source`).
+(:func:`open_source`). A record's mode rides on its row, and its conversation is split and
+rendered with its mode's chat-template arguments (:meth:`DatasetDir.template_kwargs`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ import msgspec
 import numpy as np
 
 from workbench.analyze.chat_data import data_path
-from workbench.analyze.rules import RecordChecker, reasoning_expected
+from workbench.analyze.rules import dataset_checker
 from workbench.config import DatasetSpec, load_manifest
 from workbench.errors import ConfigError, DataError
 from workbench.export.conversations import (
-    UNSET,
     assistant_turn,
     default_system,
     inline_reasoning,
@@ -189,17 +190,19 @@ class Source:
         self.name = ds.name
         self.profile = profile
         self.options = options
-        self.reasoning = reasoning_expected(profile, ds.chat_template_kwargs)
-        self.checker = RecordChecker(profile, reasoning=self.reasoning)
+        self.checker = dataset_checker(ds, profile)
         self.drop = options.drop_rules()
         # a RUN_DROPS name -> the sample ids (every turn) and (sample id, turn) keys it drops
         self.flagged: dict[str, set[SampleId | Key]] = {}
         self.stats = DatasetExport()
         self.seen: set[Key] = set()
-        self.turns = ds.settings.get("turns") == "each" or _first_has_turn(ds.raw_path)
+        first = _first_row(ds.raw_path)
+        self.turns = ds.settings.get("turns") == "each" or (first is not None
+                                                            and first.turn is not None)
+        self.modes = bool(ds.modes) or (first is not None and first.mode is not None)
         self.tokenizer: Any = None
         self.messages: _Messages | None = None
-        self.default_system: str | None | object = UNSET
+        self.default_systems: dict[str | None, str | None] = {}  # by mode
         self.prompts = _Prompts(ds.prompts_path)
 
     def close(self) -> None:
@@ -220,6 +223,8 @@ class Source:
                 for i, row in enumerate(rows)]
 
     def _verdict(self, row: Row, problems: Sequence[tuple[str, str]]) -> str | None:
+        if self.options.only_mode and row.mode not in self.options.only_mode:
+            return "other_mode"
         if row.sample_id is None or row.output_ids is None:
             return "missing_field"
         key = (row.sample_id, row.turn)
@@ -244,11 +249,12 @@ class Source:
         prompt = self.prompts.get((row.sample_id, row.turn))
         if self.options.format == "conversations":
             output = self._output(prompt.input_ids or [], row)
-            return self._conversation(row_id, row.sample_id, prompt.input_ids or [], output)
+            return self._conversation(row_id, row, prompt.input_ids or [], output)
         prompt_ids = self._prompt_ids(prompt, row)
         if prompt_ids is None:
             return "prompt_tokens_mismatch"
-        return Tokens(row_id, self.name, prompt_ids, self._output(prompt_ids, row), row.turn)
+        return Tokens(row_id, self.name, prompt_ids, self._output(prompt_ids, row), row.turn,
+                      row.mode)
 
     def _prompt_ids(self, prompt: PromptRecord, row: Row) -> list[int] | None:
         """The prompt's ids (text tokenized), None when they disagree with prompt_tokens."""
@@ -266,45 +272,49 @@ class Source:
             self.stats.trimmed += 1
         return output
 
-    def _conversation(self, row_id: str, sample_id: SampleId, prompt_ids: list[int],
+    def _conversation(self, row_id: str, row: Row, prompt_ids: list[int],
                       output: list[int]) -> OutRow:
-        assert self.messages is not None
-        source = self.messages.get(sample_id)
+        """The record's conversation, rendered with its mode's chat-template arguments."""
+        assert self.messages is not None and row.sample_id is not None
+        source = self.messages.get(row.sample_id)
         if source is None:
-            raise DataError(self.messages.path, f"no row with sample id {sample_id!r} "
+            raise DataError(self.messages.path, f"no row with sample id {row.sample_id!r} "
                                                 f"(prompt of {row_id})")
         messages, tools = source
-        tokenizer = self._tokenizer()
-        if tools and render_ids(tokenizer, messages, tools, self.ds.chat_template_kwargs,
-                             generation_prompt=True) != prompt_ids:
+        tokenizer, kwargs = self._tokenizer(), self.ds.template_kwargs(row.mode)
+        if tools and render_ids(tokenizer, messages, tools, kwargs,
+                                generation_prompt=True) != prompt_ids:
             tools = None  # the prompt was rendered without them: the model never saw them
-        messages = self.with_seen_system(messages, tools, prompt_ids)
-        field = assistant_turn(output, self.profile, self.reasoning, tokenizer)
+        messages = self.with_seen_system(messages, tools, prompt_ids, row.mode)
+        field = assistant_turn(output, self.profile, self.checker.reasoning_of(row.mode),
+                               tokenizer)
         carries = {"field": [field], "inline": [inline_reasoning(field, self.profile, tokenizer)]}
         turns = carries.get(self.options.reasoning) or carries["field"] + carries["inline"]
         for turn in turns:
             conversation = [*messages, turn]
-            if renders_exactly(tokenizer, conversation, tools, self.ds.chat_template_kwargs,
-                                prompt_ids + output):
+            if renders_exactly(tokenizer, conversation, tools, kwargs, prompt_ids + output):
                 self.stats.exact = (self.stats.exact or 0) + 1
-                return ConversationLine(row_id, self.name, conversation, tools)
-        return ConversationLine(row_id, self.name, [*messages, turns[0]], tools)
+                return ConversationLine(id=row_id, dataset=self.name, mode=row.mode,
+                                        conversations=conversation, tools=tools)
+        return ConversationLine(id=row_id, dataset=self.name, mode=row.mode,
+                                conversations=[*messages, turns[0]], tools=tools)
 
     def with_seen_system(self, messages: list[Any], tools: list[Any] | None,
-                          prompt_ids: list[int]) -> list[Any]:
+                          prompt_ids: list[int], mode: str | None = None) -> list[Any]:
         """The messages with the system prompt the template put in when they had none, when
-        that gives back the prompt's ids: the model saw it, and a trainer would otherwise put
-        in its own."""
+        that gives back the prompt's ids (rendered with `mode`'s chat-template arguments):
+        the model saw it, and a trainer would otherwise put in its own."""
         if messages and messages[0].get("role") == "system":
             return messages
-        if self.default_system is UNSET:
-            self.default_system = default_system(self._tokenizer(), messages, tools,
-                                                  self.ds.chat_template_kwargs)
-        if not isinstance(self.default_system, str):
+        kwargs = self.ds.template_kwargs(mode)
+        if mode not in self.default_systems:
+            self.default_systems[mode] = default_system(self._tokenizer(), messages, tools,
+                                                        kwargs)
+        system = self.default_systems[mode]
+        if system is None:
             return messages
-        explicit = [{"role": "system", "content": self.default_system}, *messages]
-        rendered = render_ids(self._tokenizer(), explicit, tools, self.ds.chat_template_kwargs,
-                           generation_prompt=True)
+        explicit = [{"role": "system", "content": system}, *messages]
+        rendered = render_ids(self._tokenizer(), explicit, tools, kwargs, generation_prompt=True)
         return explicit if rendered == prompt_ids else messages
 
     def _tokenizer(self) -> Any:
@@ -329,15 +339,15 @@ class Source:
             self._tokenizer()
 
 
-def _first_has_turn(path: Path) -> bool:
-    """Whether the first record of raw file path has a turn (a conversation regenerated turn
-    by turn); False without one."""
+def _first_row(path: Path) -> Row | None:
+    """The first record of raw file path (None without one): whether it has a turn (a
+    conversation regenerated turn by turn) or a mode tells what the rows carry."""
     if not path.is_file():
-        return False
+        return None
     for block in iter_blocks(path, block_bytes=READ_BLOCK_BYTES):
         if block.rows:
-            return block.rows[0].turn is not None
-    return False
+            return block.rows[0]
+    return None
 
 
 def trim_prompt_suffix(prompt: list[int], output: list[int], completion: int | None) -> list[int]:

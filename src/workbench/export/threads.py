@@ -7,9 +7,11 @@ model's own assistant turns (reasoning, content and tool calls as
 with its calls, exactly the history :func:`~workbench.chat.next_turn` built for the last
 turn, then the last turn's assistant message::
 
-    {"id": "<dataset>/<sample_id>", "turns": N, "dataset", "conversations"[, "tools"]}
+    {"id": "<dataset>/<sample_id>", "turns": N, "dataset"[, "mode"], "conversations"[, "tools"]}
 
-`turns` is the number of assistant turns in it. The conversation's records are planned in
+`turns` is the number of assistant turns in it; `mode` the mode the conversation drew (a
+dataset that mixes modes: its records name it), whose chat-template arguments over the
+dataset's read its replies and render it. The conversation's records are planned in
 one pass (:func:`plan_threads`): each record gets the verdict of the single-turn export (the
 drop rules; ``truncated`` unless ``keep_truncated``), and a conversation is written up to
 its first turn dropped or missing, the turns after it counted as ``earlier_turn_dropped``; a
@@ -93,11 +95,13 @@ def thread_records(threads: Sequence[Thread]) -> int:
 
 
 class _Turn(NamedTuple):
-    """One turn of a conversation: its prompt as sent, its reply's ids, its finish."""
+    """One turn of a conversation: its prompt as sent, its reply's ids, its finish, and the
+    mode its record names."""
 
     prompt: list[int]
     output: list[int]
     finish: str
+    mode: str | None = None
 
 
 class ThreadWriter:
@@ -108,7 +112,6 @@ class ThreadWriter:
         self.threads = list(threads)
         self.data = ChatData(source.ds, [thread.sample_id for thread in threads])
         self.tokenizer: Any = source.tokenizer
-        self.kwargs = source.ds.chat_template_kwargs
         self._lines = Lines(source.ds.raw_path)
         self._tags = _think_tags(source, self.tokenizer)
 
@@ -116,18 +119,22 @@ class ThreadWriter:
         self._lines.close()
 
     def write(self, index: int) -> ThreadLine:
-        """The row of the conversation `threads[index]`."""
+        """The row of the conversation `threads[index]` (with its mode's chat-template
+        arguments)."""
         thread = self.threads[index]
         turns = [self._turn(thread.sample_id, line) for line in thread.lines]
+        mode = turns[0].mode
+        kwargs = self.source.ds.template_kwargs(mode)
         row = self.data.row(thread.sample_id)
-        replies = [read_reply(turn.output, self.source.profile, self.tokenizer, self.kwargs)
+        replies = [read_reply(turn.output, self.source.profile, self.tokenizer, kwargs)
                    for turn in turns]
-        history = self._history(thread.sample_id, row, replies, turns)
-        history = self.source.with_seen_system(history, row.tools, turns[-1].prompt)
+        history = self._history(thread.sample_id, row, replies, turns, kwargs)
+        history = self.source.with_seen_system(history, row.tools, turns[-1].prompt, mode)
         messages = self._carried([*history, assistant_message(replies[-1])],
-                                 row.tools, turns[-1].prompt + turns[-1].output)
-        return ThreadLine(f"{self.source.name}/{thread.sample_id}", len(turns), self.source.name,
-                          messages, row.tools)
+                                 row.tools, turns[-1].prompt + turns[-1].output, kwargs)
+        return ThreadLine(id=f"{self.source.name}/{thread.sample_id}", turns=len(turns),
+                          dataset=self.source.name, mode=mode, conversations=messages,
+                          tools=row.tools)
 
     def _turn(self, sample_id: SampleId, line: int) -> _Turn:
         rows, _ = parse_lines(self._lines.read(line), first_line=line, with_output_ids=True)
@@ -137,16 +144,16 @@ class ThreadWriter:
         output = trim_prompt_suffix(prompt, record.output_ids, record.completion_tokens)
         if len(output) != len(record.output_ids):
             self.source.stats.trimmed += 1
-        return _Turn(prompt, output, record.finish_reason or "")
+        return _Turn(prompt, output, record.finish_reason or "", record.mode)
 
     def _history(self, sample_id: SampleId, row: ChatRow, replies: list[Reply],
-                 turns: list[_Turn]) -> list[dict[str, Any]]:
+                 turns: list[_Turn], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         """The history of the last turn; DataError when the data row no longer gives back
         the prompt it was sent."""
         last = len(turns) - 1
         finishes = counted_finishes([t.finish for t in turns[:last]], self.data.truncated)
         history = next_turn(row, replies[:last], finish_reasons=finishes)
-        ids = (render_turn(self.tokenizer, row, history, self.kwargs)
+        ids = (render_turn(self.tokenizer, row, history, kwargs)
                if isinstance(history, list) else None)
         server = self.source.ds.settings.get("render") == "server"  # its template, not ours
         if not isinstance(history, list) or (ids != turns[-1].prompt and not server):
@@ -156,14 +163,14 @@ class ThreadWriter:
         return history
 
     def _carried(self, messages: list[dict[str, Any]], tools: list[Any] | None,
-                 ids: list[int]) -> list[dict[str, Any]]:
+                 ids: list[int], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         """The messages with the reasoning where the options put it (auto: the first way
         that renders back to `ids`, else the field); exact rows counted."""
         inline = [_inline(message, self._tags) for message in messages]
         carries = {"field": [messages], "inline": [inline]}
         choices = carries.get(self.source.options.reasoning) or [messages, inline]
         for choice in choices:
-            if render_ids(self.tokenizer, choice, tools, self.kwargs) == ids:
+            if render_ids(self.tokenizer, choice, tools, kwargs) == ids:
                 self.source.stats.exact = (self.source.stats.exact or 0) + 1
                 return choice
         return choices[0]

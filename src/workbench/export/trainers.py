@@ -3,13 +3,14 @@
 Both trainers take pre-tokenized JSONL rows `{"input_ids": [...], "loss_mask": [...]}` as they
 are and keep nothing else of a row (SpecForge's `prepare_prompt_tasks` reads those two keys;
 speculators' `prepare-data` drops every other column), so a `--for` export writes those two
-fields (and, when every row is a turn of a conversation, `id` and `turn` before them: extra
-keys are ignored when every row has them, but a key on some rows only, or null in the
+fields (and, when every row is a turn of a conversation, `id` and `turn` before them, and
+when every row has a mode, `mode`: extra keys are ignored when every row has them, but a key on some rows only, or null in the
 first 10 MB and an int later, makes speculators' loader, HF datasets' JSON reader, fail
 with "Couldn't cast ... column names don't match") and puts the rest in a manifest beside the file
 (`<file>.manifest.json`): per row its dataset/sample_id, prompt and total length and a digest
-of its ids (the way back from a row a trainer shuffled), per dataset the generation's chat
-template arguments and sampling parameters, the model, and the token-length
+of its ids (and its turn and mode when some row has one: the way back from a row a trainer
+shuffled), per dataset the generation's chat template arguments, modes and sampling
+parameters, the model, and the token-length
 distribution. Rows longer than the trainer's `max_length` are cut to it; a cut row whose prompt
 alone fills `max_length` has no supervised token left, and both trainers drop it silently.
 
@@ -73,8 +74,9 @@ TRAINERS: dict[str, Trainer] = {
 
 
 class RowEntry(NamedTuple):
-    """One written row: its id, dataset, prompt length, total length and ids digest; and the
-    generated turn of the conversation `id` (None outside ``turns: each`` datasets)."""
+    """One written row: its id, dataset, prompt length, total length and ids digest; the
+    generated turn of the conversation `id` (None outside ``turns: each`` datasets) and the
+    record's mode (None outside datasets that mix modes)."""
 
     id: str
     dataset: str
@@ -82,6 +84,10 @@ class RowEntry(NamedTuple):
     total: int
     digest: str
     turn: int | None = None
+    mode: str | None = None
+
+
+_OPTIONAL_FIELDS = ("turn", "mode")  # a manifest names them only when some row has one
 
 
 def row_digest(ids: Sequence[int]) -> str:
@@ -156,24 +162,27 @@ def manifest_path(target: Path) -> Path:
 def write_manifest(
     target: Path, report: TrainerReport, entries: Sequence[RowEntry],
     run: dict[str, Any], datasets: dict[str, dict[str, Any]], named: bool = False,
+    modes: bool = False,
 ) -> Path:
     """`<target>.manifest.json` (written to a temporary name, then renamed). Its rows name
-    a turn only when some row has one (a run with a ``turns: each`` dataset); `fields` are
-    the keys of the file's rows (`named`: each row names its conversation and turn)."""
-    fields = RowEntry._fields
-    if all(entry.turn is None for entry in entries):
-        fields = fields[:-1]
+    a turn only when some row has one (a run with a ``turns: each`` dataset), a mode only
+    when some row has one (a dataset that mixes modes); `fields` are the keys of the file's
+    rows (`named`: each row names its conversation and turn; `modes`: each row its mode)."""
+    fields = [name for name in RowEntry._fields if name not in _OPTIONAL_FIELDS
+              or any(getattr(entry, name) is not None for entry in entries)]
+    columns = [RowEntry._fields.index(name) for name in fields]
+    keys = [*(("id", "turn") if named else ()), *(("mode",) if modes else ())]
     data = {
         "file": str(target.resolve()),
         "trainer": report.trainer,
-        "fields": ["id", "turn", "input_ids", "loss_mask"] if named else ["input_ids", "loss_mask"],
+        "fields": [*keys, "input_ids", "loss_mask"],
         "model": run,
         "max_length": report.max_length,
         "command": report.command,
         "lengths": msgspec.to_builtins(report.lengths),
         "datasets": datasets,
-        "row_fields": list(fields),
-        "rows": [list(entry)[:len(fields)] for entry in entries],
+        "row_fields": fields,
+        "rows": [[entry[i] for i in columns] for entry in entries],
     }
     head = json.dumps({k: v for k, v in data.items() if k != "rows"}, indent=2, ensure_ascii=False)
     rows = ",\n".join("  " + json.dumps(row, ensure_ascii=False) for row in data["rows"])

@@ -508,7 +508,8 @@ class Plan:
                 dropped = {s.sample_id for s in skipped}
                 prompts = [p for p in prompts if p.sample_id not in dropped]
             every = loaded.get(spec.name, self._references.get(spec.name)) or []
-            kept, pending = self._draw(spec, prompts, done, every)
+            kept, pending = _subset(spec, prompts, done, every, self.order_seed,
+                                    limit(spec.max_samples, self.options.max_samples))
             if deduper is not None and spec.name in checked:
                 deduper.keep({p.sample_id for p in kept})
             drawn[spec.name] = _Drawn(kept, pending, skipped)
@@ -576,23 +577,24 @@ class Plan:
                      "samples are sent again")
         assert moved == len(moves)
 
-    def _draw(self, spec: DatasetSpec, prompts: list[Prompt], done_ids: set[int | str],
-              every: list[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
-        """(the dataset's prompts of this run in file order, those still to send in send
-        order): a sample cap keeps the first ones of the send order, plus any finished
-        before (a resumed run keeps what it has). A dataset that mixes modes keeps the order
-        its modes were drawn along (that of `every` row loaded, less the duplicates skipped),
-        so what a budget sends keeps their weights."""
-        if spec.mode_list() and len(every) > len(prompts):
-            ours = {p.sample_id for p in prompts}
-            ordered = [p for p in send_order(every, spec.order or "random", self.order_seed,
-                                             spec.name) if p.sample_id in ours]
-        else:
-            ordered = send_order(prompts, spec.order or "random", self.order_seed, spec.name)
-        cap = limit(spec.max_samples, self.options.max_samples)
-        if cap is None or cap >= len(prompts):
-            return prompts, [p for p in ordered if p.sample_id not in done_ids]
-        kept = {p.sample_id for p in ordered[:cap]} | done_ids
-        done = sum(1 for p in prompts if p.sample_id in done_ids)
-        pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
-        return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
+
+def _subset(spec: DatasetSpec, prompts: list[Prompt], done_ids: set[SampleId],
+            every: list[Prompt], seed: int,
+            cap: int | None) -> tuple[list[Prompt], list[Prompt]]:
+    """(the dataset's prompts of this run in file order, those still to send in send
+    order): a sample cap keeps the first ones of the send order, plus any finished
+    before (a resumed run keeps what it has). A dataset that mixes modes keeps the order
+    its modes were drawn along (that of `every` row loaded, less the duplicates skipped),
+    so what a budget sends keeps their weights."""
+    order = spec.order or "random"
+    if spec.mode_list() and len(every) > len(prompts):
+        ours = {p.sample_id for p in prompts}
+        ordered = [p for p in send_order(every, order, seed, spec.name) if p.sample_id in ours]
+    else:
+        ordered = send_order(prompts, order, seed, spec.name)
+    if cap is None or cap >= len(prompts):
+        return prompts, [p for p in ordered if p.sample_id not in done_ids]
+    kept = {p.sample_id for p in ordered[:cap]} | done_ids
+    done = sum(1 for p in prompts if p.sample_id in done_ids)
+    pending = [p for p in ordered if p.sample_id in kept and p.sample_id not in done_ids]
+    return [p for p in prompts if p.sample_id in kept], pending[:max(0, cap - done)]
