@@ -180,3 +180,18 @@ def test_skipped_duplicates_leave_the_others_modes_as_drawn(tmp_path: Path,
     assert all(drawn[r["sample_id"]] == r["mode"] for r in records)
     counts = Counter(r["mode"] for r in records)
     assert abs(counts["a"] - 30) <= 3  # the copies skipped before the cut shift it a little
+
+
+def test_a_run_made_without_modes_is_not_resumed_with_them(tmp_path: Path,
+                                                            shared_sim: ServerProcess) -> None:
+    plain = write_manifest(tmp_path, [{"name": "g", "path": str(GLAIVE), "input": "messages",
+                                       "max_samples": 10}],
+                           sampling={"temperature": 1.0, "max_new_tokens": 96})
+    out = tmp_path / "out"
+    assert generate(plain, shared_sim, out).returncode == 0
+    manifest = json.loads((out / "run.json").read_text())
+    del manifest["datasets"]["g"]["modes"]  # as a run of an earlier version wrote it
+    (out / "run.json").write_text(json.dumps(manifest))
+    refused = generate(glaive(tmp_path, max_samples=10), shared_sim, out)
+    assert refused.returncode == 2, refused.stderr
+    assert "datasets.g.modes changed from none to think 0.75" in refused.stderr

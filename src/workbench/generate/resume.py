@@ -247,7 +247,7 @@ def check_settings(out: Path, previous: Mapping[str, Any], model: str,
                 "(use --force to resume anyway, or another --out)")
         if entry and entry.get("modes") != modes_record(spec):
             raise ResumeMismatch(
-                f"{path}: datasets.{spec.name}.modes changed from {_modes_text(entry['modes'])} "
+                f"{path}: datasets.{spec.name}.modes changed from {_modes_text(entry.get('modes'))} "
                 f"to {_modes_text(modes_record(spec))} (use --force to resume anyway: finished "
                 "samples keep the mode they were sent in, the rest are drawn towards the new "
                 "weights; or another --out)")
