@@ -60,13 +60,14 @@ def run_export(out: Path) -> None:
     from workbench.demo import start_simulator
 
     out.mkdir(parents=True, exist_ok=True)
-    # A run already there is resumed: only what the demo manifest added since is generated.
+    # A run already there is resumed: only what the demo manifest added or changed since is
+    # generated (--force: what it changed is sent again, the records it replaces moved aside).
     server = start_simulator(out / "sim.log", {"profile": "fast", "random_seed": 0,
                                                 "speed": 50.0})
     try:
         workbench(out / "generate.txt", "generate", "--datasets",
                   str(ROOT / "params" / "datasets.demo.yaml"), "--server", server.url,
-                  "--out", str(out / "run"))
+                  "--out", str(out / "run"), "--force")
     finally:
         server.stop()
     run = str(out / "run")
