@@ -385,9 +385,11 @@ def filter_records(
     unclosed: bool = False,
     rule: str | None = None,
     sample_id: str | int | None = None,
+    mode: str | Sequence[str] | None = None,
     findings: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """The rows that pass every given filter: dataset(s), finish reason(s), truncated
+    """The rows that pass every given filter: dataset(s), mode(s) (a dataset that mixes
+    modes; a record without one passes no mode filter), finish reason(s), truncated
     (finish "length"), completion and prompt token ranges (bounds included), reasoning
     without a think-end id, a per-record validation rule that fired (needs `findings`, a
     record_findings frame), a sample id (compared as text). ConfigError for a dataset the
@@ -399,6 +401,9 @@ def filter_records(
         keep &= frame["dataset"].isin(datasets).to_numpy()
     if reasons is not None:
         keep &= frame["finish_reason"].isin(reasons).fillna(False).astype(bool)
+    modes = _one_or_many(mode)
+    if modes is not None and "mode" in frame.columns:
+        keep &= frame["mode"].isin(modes).fillna(False).astype(bool).to_numpy()
     if truncated:
         keep &= frame["finish_reason"] == "length"
     keep &= _between(frame["completion_tokens"], min_completion_tokens, max_completion_tokens)

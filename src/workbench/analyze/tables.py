@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analyze.eta import stopped_by_budget
-from workbench.analyze.findings import ValidationReport
+from workbench.analyze.findings import Finding, ValidationReport
 from workbench.analyze.frames import (
     MISSING_REASON,
     RunOverview,
@@ -196,7 +196,9 @@ def findings_table(report: ValidationReport) -> pd.DataFrame:
     """One row per dataset and rule that fired (a dataset without findings gets one row with
     rule None and severity "ok"): dataset, rule, severity, count, rate, records, and what
     the count is out of: ``base`` of ``unit`` (rules.counted_over: the prepared prompts for
-    a prompt rule, such as the prompts a budget left unsent, else the records)."""
+    a prompt rule, such as the prompts a budget left unsent, else the records), and
+    ``modes``: a finding given per mode (mode_mismatch in a dataset that mixes modes) as
+    {mode: {"count", "records", "rate"}}, None for any other."""
     rows = []
     for name, ds in report.datasets.items():
         for finding in ds.findings:
@@ -204,14 +206,23 @@ def findings_table(report: ValidationReport) -> pd.DataFrame:
             rows.append({"dataset": name, "rule": finding.rule, "severity": finding.severity,
                          "count": finding.count, "rate": finding.rate, "records": ds.records,
                          "default_severity": SEVERITY.get(finding.rule),
-                         "base": ds.prompts if unit == "prompts" else ds.records, "unit": unit})
+                         "base": ds.prompts if unit == "prompts" else ds.records, "unit": unit,
+                         "modes": _mode_rates(finding)})
         if not ds.findings:
             rows.append({"dataset": name, "rule": None, "severity": "ok", "count": 0,
                          "rate": None, "records": ds.records, "default_severity": None,
-                         "base": ds.records, "unit": "records"})
+                         "base": ds.records, "unit": "records", "modes": None})
     columns = ["dataset", "rule", "severity", "count", "rate", "records", "default_severity",
-               "base", "unit"]
+               "base", "unit", "modes"]
     return labelled(pd.DataFrame(rows, columns=columns), list(report.datasets))
+
+
+def _mode_rates(finding: Finding) -> dict[str, dict[str, Any]] | None:
+    """A finding's count per mode as plain dicts (None when it is not given per mode)."""
+    if not finding.modes:
+        return None
+    return {mode: {"count": m.count, "records": m.records, "rate": m.rate}
+            for mode, m in finding.modes.items()}
 
 
 def _bucket_seconds(span: float, buckets: int) -> int:

@@ -2,8 +2,9 @@
 figures and a record viewer that update in place.
 
     app = Explorer(run_dir, tokenizer=..., compare_run_dir=..., filters={...})
-    app.controls()     datasets, finish reasons, completion and prompt token ranges, a
-                       validation rule, text in the decoded reply, a sample id
+    app.controls()     datasets, finish reasons (and modes, in a run whose records carry
+                       one), completion and prompt token ranges, a validation rule, text
+                       in the decoded reply, a sample id
     app.scatter()      records (a sample of the selection); click a point to open it
     app.histogram()    completion tokens of the selection (and of the compared run)
     app.record_viewer() the record viewer: prompt, reasoning, answer, counts, findings
@@ -23,7 +24,10 @@ keyword arguments) plus ``search``; shaping is in :mod:`workbench.analyze.frames
 :mod:`workbench.analyze.readback`, drawing in :mod:`workbench.report.plots`. A record of a
 conversation regenerated turn by turn carries its ``turn`` (the record frame's column, NA for
 single-turn records; the samples' and the opened record's ``turn``), which the hover, the
-record viewer and the sample cards name beside the sample id.
+record viewer and the sample cards name beside the sample id. A record of a dataset that
+mixes modes carries its ``mode`` (the record frame's column, NA otherwise): the ``mode``
+filter (a name or a list) keeps the records of those modes, and the record viewer and the
+sample cards name a record's mode beside its sample id.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ __all__ = ["FILTER_KEYS", "Explorer"]
 
 FILTER_KEYS = ("dataset", "finish_reason", "truncated", "min_completion_tokens",
                "max_completion_tokens", "min_prompt_tokens", "max_prompt_tokens", "unclosed",
-               "rule", "sample_id", "search")
+               "rule", "sample_id", "mode", "search")
 _HINT = "Click a point in a figure, or enter a sample id above, to open a record here."
 _FILTERED_OUT = "This record is filtered out by the current filters; the figures do not show it."
 
@@ -134,6 +138,11 @@ class Explorer:
             names = [wanted] if isinstance(wanted, str) else list(wanted)
             given["dataset"] = [n for n in names if n in set(self.compare["dataset"].astype(str))]
         return frames.filter_records(self.compare, **given)
+
+    @property
+    def modes(self) -> list[str]:
+        """The modes of the run's records, sorted (none in a run without modes)."""
+        return sorted(str(m) for m in self.records["mode"].dropna().unique())
 
     def update(self, **changes: Any) -> pd.DataFrame:
         """Set filters (None, False, "" or an empty list clears one), reselect, redraw every

@@ -65,6 +65,8 @@ class Selection(Protocol):
     overview: RunOverview
     opened: RecordDetail | None
 
+    @property
+    def modes(self) -> list[str]: ...
     def update(self, **changes: Any) -> pd.DataFrame: ...
     def open(self, dataset: str, line: int) -> Any: ...
     def on_update(self, redraw: Callable[[], None]) -> None: ...
@@ -146,6 +148,9 @@ class _Controls:
         reasons = sorted(str(r) for r in app.records["finish_reason"].dropna().unique())
         self.checks = {"dataset": _Checks("datasets", names, _initial(app, "dataset", names)),
                        "finish_reason": _Checks("finish reason", reasons, _initial(app, "finish_reason", reasons))}
+        modes = app.modes
+        if modes:  # a run whose records carry a mode: one more list
+            self.checks["mode"] = _Checks("mode", modes, _initial(app, "mode", modes))
         self.ranges = {column: _range(app, column) for column in ("completion_tokens", "prompt_tokens")}
         self.rule = widgets.Dropdown(options=_rule_options(app), value=app.filters.get("rule", ""),
                                      description="validation rule", layout=_FULL, style=_STYLE)
@@ -203,7 +208,7 @@ class _Controls:
         self.changed(*self.checks, *self.ranges, "rule", "search", "sample_id")
 
     def widget(self) -> widgets.VBox:
-        lists = widgets.HBox([self.checks["dataset"].widget, self.checks["finish_reason"].widget],
+        lists = widgets.HBox([checks.widget for checks in self.checks.values()],
                              layout=widgets.Layout(flex="2 1 0", min_width="0"))
         fields = widgets.VBox([*self.ranges.values(), self.rule, self.search, self.sample],
                               layout=widgets.Layout(flex="3 1 0", min_width="0"))
@@ -216,7 +221,8 @@ class _Controls:
 
 
 def controls(app: Selection) -> widgets.VBox:
-    """The filter controls bound to app: datasets and finish reasons as checkboxes, token
+    """The filter controls bound to app: datasets, finish reasons (and modes, when the
+    run's records carry one) as checkboxes, token
     ranges, a validation rule, reply text, a sample id, a Reset button, and a line saying
     what is selected and by which filters."""
     return _Controls(app).widget()

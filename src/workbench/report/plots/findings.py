@@ -72,18 +72,21 @@ def validation_banner(report: Any) -> Rendered:
 
 
 def findings_view(table: pd.DataFrame) -> Rendered:
-    """Findings per dataset and rule (explore.findings_table), severity in colour."""
+    """Findings per dataset and rule (explore.findings_table), severity in colour; when a
+    finding is given per mode (its ``modes``), a "by mode" column says each mode's rate."""
+    per_mode = "modes" in table.columns and any(map(_by_mode, table["modes"]))
     rows, classes, escalated = [], [], False
     for r in table.itertuples(index=False):
         sev = str(r.severity)
         raised = sev == "error" and r.default_severity not in (None, "error")
         escalated |= raised
+        by_mode = [_by_mode(r.modes)] if per_mode else []
         rows.append([r.dataset, r.rule if r.rule is not None else "no findings",
                      pill("error (rate)" if raised else sev, SEVERITY_COLORS.get(sev, "#777")),
-                     count_text(r.count), pct(r.rate, 2), _out_of(r.base, r.unit)])
+                     count_text(r.count), pct(r.rate, 2), _out_of(r.base, r.unit), *by_mode])
         classes.append(f"sev-{sev}")
-    table_html = html_table(["dataset", "rule", "severity", "count", "rate", "out of"], rows,
-                            numeric=(3, 4, 5), row_classes=classes)
+    headers = ["dataset", "rule", "severity", "count", "rate", "out of", *(["by mode"] if per_mode else [])]
+    table_html = html_table(headers, rows, numeric=(3, 4, 5), row_classes=classes)
     raised_note = '"error (rate)": a warning rule whose rate passed its threshold. ' if escalated else ""
     note = (f'<p class="wb-note">{raised_note}A count and its rate are out of the dataset\'s '
             "records, or out of its prepared prompts for the rules of prompts (missing_response, "
@@ -91,6 +94,14 @@ def findings_view(table: pd.DataFrame) -> Rendered:
             "unsent_budget is information, not a problem: the prompts a max_tokens budget left "
             "unsent.</p>")
     return Rendered(f'<div class="wb-report">{table_html}{note}</div>', json_rows(table))
+
+
+def _by_mode(modes: object) -> str:
+    """`direct 7.5% (3 of 40), think 0.0% (0 of 120)`; blank for a finding not given per mode."""
+    if not isinstance(modes, Mapping) or not modes:
+        return ""
+    return ", ".join(f"{name} {pct(m['rate'])} ({count_text(m['count'])} of {count_text(m['records'])})"
+                     for name, m in modes.items())
 
 
 def _out_of(base: object, unit: object) -> str:

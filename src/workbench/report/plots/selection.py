@@ -24,8 +24,8 @@ __all__ = [
     "selection_view",
 ]
 
-_FILTER_NAMES = {"dataset": "dataset", "finish_reason": "finish reason", "rule": "failing rule",
-                 "sample_id": "sample id"}
+_FILTER_NAMES = {"dataset": "dataset", "mode": "mode", "finish_reason": "finish reason",
+                 "rule": "failing rule", "sample_id": "sample id"}
 
 
 def _listed(value: object) -> str:
@@ -88,11 +88,20 @@ def _turn_of(shown: Any) -> int | None:
     return getattr(shown, "turn", None)
 
 
+def _where(shown: Any) -> str:
+    """What names a record beside its sample id: its turn of a conversation regenerated turn
+    by turn and its mode in a dataset that mixes modes (" · turn 2 · mode direct")."""
+    turn, mode = _turn_of(shown), getattr(shown, "mode", None)
+    return ("" if turn is None else f" · turn {turn}") + ("" if not mode else f" · mode {mode}")
+
+
 def _shown_data(shown: Any) -> dict[str, Any]:
-    """A sample's or a record's data; ``turn`` only for a record of a conversation."""
+    """A sample's or a record's data; ``turn`` only for a record of a conversation, ``mode``
+    only for a record of a dataset that mixes modes."""
     data: dict[str, Any] = shown.to_dict()
-    if data.get("turn") is None:
-        data.pop("turn", None)
+    for key in ("turn", "mode"):
+        if data.get(key) is None:
+            data.pop(key, None)
     return data
 
 
@@ -105,9 +114,7 @@ def samples_view(samples: Sequence[Any]) -> Rendered:
 
 
 def _sample_card(s: Any) -> str:
-    turn = _turn_of(s)
-    said = "" if turn is None else f" · turn {turn}"
-    title = (f"{s.dataset} · line {s.line} · sample {s.sample_id}{said} · finish {s.finish_reason} · "
+    title = (f"{s.dataset} · line {s.line} · sample {s.sample_id}{_where(s)} · finish {s.finish_reason} · "
              f"{count_text(s.prompt_tokens)} prompt / {count_text(s.completion_tokens)} completion tokens")
     kind = "decoded text" if s.decoded else "token ids (no tokenizer given)"
     parts = [("Reasoning", s.reasoning)] if s.reasoning is not None else []
@@ -136,9 +143,7 @@ def record_view(detail: Any | None, *, notice: str | None = None) -> Rendered:
     if detail is None:
         return Rendered(f'<div class="wb-report"><div class="wb-card wb-record-missing">{said}</div></div>',
                         {"notice": notice})
-    title = f"{detail.dataset} · line {detail.line} · sample {detail.sample_id}"
-    turn = _turn_of(detail)
-    title += "" if turn is None else f" · turn {turn}"
+    title = f"{detail.dataset} · line {detail.line} · sample {detail.sample_id}{_where(detail)}"
     facts = [("finish reason", detail.finish_reason or "-"), ("matched stop", _stop_text(detail)),
              ("prompt tokens", count_text(detail.prompt_tokens)), ("completion tokens", count_text(detail.completion_tokens)),
              ("cached tokens", count_text(detail.cached_tokens))]
