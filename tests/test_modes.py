@@ -161,3 +161,16 @@ def test_mode_names_from_arguments_are_safe_and_distinct(tmp_path: Path) -> None
     path = tmp_path / "requests.jsonl"
     path.write_text('{"chat_template_kwargs": {"e": "a b"}}\n{"chat_template_kwargs": {"e": "a/b"}}\n')
     assert [m.name for m in deployment_mix(path, "r")] == ["e=a_b", "e=a_b-2"]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("  modes: {from: r.jsonl, extra: 1}\n", r"datasets\[0\]\.modes\.extra: unknown key \(known: from\)"),
+    ("  modes: [{name: a, wieght: 2}]\n", r"datasets\[0\]\.modes\[0\]\.wieght: unknown key \(known: "
+     r"chat_template_kwargs, name, sampling, weight\)"),
+])
+def test_a_mistyped_key_of_modes_lists_the_known_ones(tmp_path: Path, body: str,
+                                                      message: str) -> None:
+    path = manifest(tmp_path, "datasets:\n- name: chat\n  path: chat.jsonl\n  input: messages\n"
+                    + body)
+    with pytest.raises(ConfigError, match=message):
+        load_manifest(path)

@@ -471,7 +471,7 @@ def _type_at(struct_type: type, parts: list[str | int]) -> msgspec.inspect.Type:
     """The msgspec type found at a key path (optional types unwrapped)."""
     current = msgspec.inspect.type_info(struct_type)
     for part in parts:
-        current = _unwrap(current)
+        current = _unwrap(current, part)
         if isinstance(part, int) and isinstance(current, msgspec.inspect.ListType):
             current = current.item_type
         elif isinstance(current, msgspec.inspect.StructType):
@@ -479,15 +479,21 @@ def _type_at(struct_type: type, parts: list[str | int]) -> msgspec.inspect.Type:
     return _unwrap(current)
 
 
-def _unwrap(info: msgspec.inspect.Type) -> msgspec.inspect.Type:
+def _unwrap(info: msgspec.inspect.Type, part: str | int | None = None) -> msgspec.inspect.Type:
+    """The type without None; of a union of a list and a struct (e.g. `modes`), the member
+    the next key path `part` goes into (an index: the list, a key: the struct)."""
     if isinstance(info, msgspec.inspect.UnionType):
         kept = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
-        return kept[0] if len(kept) == 1 else info
+        if len(kept) == 1:
+            return kept[0]
+        if part is not None:
+            kind = msgspec.inspect.ListType if isinstance(part, int) else msgspec.inspect.StructType
+            return next((t for t in kept if isinstance(t, kind)), info)
     return info
 
 
 def _known_keys(struct_type: type, parts: list[str | int]) -> list[str]:
-    info = _type_at(struct_type, parts)
+    info = _unwrap(_type_at(struct_type, parts), "")
     fields = info.fields if isinstance(info, msgspec.inspect.StructType) else ()
     return sorted(f.encode_name for f in fields)
 
