@@ -47,6 +47,7 @@ __all__ = [
     "key_lines",
     "load_manifest",
     "load_yaml_params",
+    "load_yaml_text",
     "override",
     "with_line",
 ]
@@ -284,8 +285,36 @@ def override(sampling: Sampling, changes: SamplingOverride) -> Sampling:
 # ------------------------------------------------------------------------------ YAML
 
 
+# Nested aliases (`*name`) grow a small file into a huge document ("billion laughs"): a file
+# whose aliases expand it past this many nodes is refused before anything is built.
+MAX_ALIASED_NODES = 100_000
+
+
+class _AliasBomb(yaml.YAMLError):
+    """A file whose aliases expand past MAX_ALIASED_NODES: the first alias and its line."""
+
+    def __init__(self, alias: str, line: int) -> None:
+        self.alias, self.line = alias, line
+        super().__init__(alias)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that refuses a key repeated in one mapping."""
+    """PyYAML's safe loader that refuses a key repeated in one mapping, and aliases that
+    expand the document past MAX_ALIASED_NODES nodes."""
+
+    first_alias: tuple[str, int] | None = None  # (name, line) of the document's first alias
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.first_alias is None and self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            self.first_alias = (str(event.anchor), event.start_mark.line + 1)
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if self.first_alias is not None and _expanded_size(node) > MAX_ALIASED_NODES:
+            raise _AliasBomb(*self.first_alias)
+        return node  # type: ignore[no-any-return]
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
@@ -303,6 +332,43 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _expanded_size(root: yaml.Node | None) -> int:
+    """The document's node count with every alias (its anchor's node, met again) written out."""
+    sizes: dict[int, int] = {}
+    pending: list[tuple[yaml.Node, bool]] = [(root, False)] if root is not None else []
+    while pending:
+        node, children_done = pending.pop()
+        if id(node) in sizes:
+            continue
+        children = _children(node)
+        if children_done:
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), 1 << 62)
+        else:
+            pending.append((node, True))
+            pending.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes.get(id(root), 0)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def load_yaml_text(text: str, key: str, source: str) -> Any:
+    """One YAML value (a `-p key=value` override) read as parameter files are: safe, no
+    repeated keys, no aliases expanding past MAX_ALIASED_NODES (a ConfigError naming key)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except _AliasBomb as exc:
+        raise ConfigError(key, _alias_message(exc), source) from None
+
+
+def _alias_message(exc: _AliasBomb) -> str:
+    return (f"YAML aliases (*{exc.alias}) expand past {MAX_ALIASED_NODES} values: parameter "
+            "files accept only small aliases")
+
+
 def _read_yaml_mapping(path: Path, source: str) -> dict[str, Any]:
     """The file's top-level mapping, or a ConfigError naming the file (and line)."""
     try:
@@ -313,6 +379,8 @@ def _read_yaml_mapping(path: Path, source: str) -> dict[str, Any]:
         raise ConfigError("", f"cannot read the file: {exc}", source) from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except _AliasBomb as exc:
+        raise ConfigError("", _alias_message(exc), source, exc.line) from None
     except yaml.MarkedYAMLError as exc:
         raise ConfigError("", _yaml_error_message(exc), source) from None
     except yaml.YAMLError as exc:

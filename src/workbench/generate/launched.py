@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.rundir.layout import SERVER_LOG
 from workbench.server.spec import ConfigPlan, ServerParams, config_command
 from workbench.server.supervise import SupervisedServer
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SERVER_LOG", "LaunchSettings", "LaunchedServer", "launched_server"]
 
-SERVER_LOG = "server.log"
 RESTART_KINDS = ("stalled", "degraded")
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from workbench.config import load_yaml_params
+from workbench.config import load_yaml_params, load_yaml_text
 from workbench.errors import ConfigError
 from workbench.report.jupyter import fast_jupyter_imports
 from workbench.resources import data_dir, data_root, report_names
@@ -181,7 +181,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError("-p", f"expected key=value, got {item!r}")
         try:
-            value = None if text.strip() == "None" else yaml.safe_load(text) if text.strip() else ""
+            value = (None if text.strip() == "None"
+                     else load_yaml_text(text, key.strip(), "-p") if text.strip() else "")
         except yaml.YAMLError:
             value = text
         if isinstance(value, dict) or isinstance(value, list) and any(

@@ -17,9 +17,11 @@
     OUT/<dataset>/.workbench-cache/       caches of reads (cache.py); always safe to delete
 
 Other verbs write beside them at the top level: ``workbench explore`` explore.ipynb and
-explore-lab.log (report/lab.py); ``workbench demo`` sim.log, reports/, export/ and tuning/.
+explore-lab.log (report/lab.py); ``workbench generate --launch`` server.log;
+``workbench demo`` sim.log, reports/, export/ and tuning/.
 :data:`RUN_ENTRIES` names every top-level entry that is not a dataset folder, and
-:func:`check_dataset_names` refuses a manifest whose dataset would be named like one.
+:func:`check_dataset_names` refuses a manifest whose dataset would be named like one
+(without case), before the run starts anything.
 
 A run's datasets are the ones run.json lists (in its order), then every other folder of OUT
 that holds a raw, prompts or errors file (by name). A folder that itself holds
@@ -49,6 +51,7 @@ __all__ = [
     "RUN_ENTRIES",
     "SCORES_FILE",
     "SCORE_LOCK_FILE",
+    "SERVER_LOG",
     "SKIPPED_FILE",
     "TORN_SUFFIX",
     "DatasetDir",
@@ -72,8 +75,10 @@ BACKUP_SUFFIX = ".bak"
 CACHE_DIR = ".workbench-cache"
 # The top-level entries of a run directory that are not dataset folders (the module
 # docstring says who writes each); a run of one dataset holds DATASET_FILES at the top too.
-RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, SCORE_LOCK_FILE, *DATASET_FILES, "explore.ipynb", "explore-lab.log",
-               "sim.log", "reports", "notebooks", "export", "tuning")
+SERVER_LOG = "server.log"  # `generate --launch`: the server's output
+RUN_ENTRIES = (MANIFEST_FILE, LOCK_FILE, SCORE_LOCK_FILE, *DATASET_FILES, SKIPPED_FILE,
+               SCORES_FILE, SERVER_LOG, "explore.ipynb", "explore-lab.log", "sim.log",
+               "reports", "notebooks", "export", "tuning")
 # Compared without case: macOS and Windows folders do not tell `Run.json` from `run.json`.
 _RESERVED = {name.lower(): name for name in RUN_ENTRIES}
 

@@ -6,7 +6,9 @@ DESIGN.md for the measurement). Tests pass `httpx.MockTransport` or `httpx.ASGIT
 through the same `transport=` seam.
 
 Every failure is raised as an `errors.RequestFailed` subclass (or `ServerUnreachable` for
-the probes), classified as retryable or not, so the runner can record it as data.
+the probes), classified as retryable or not, so the runner can record it as data. A reply
+body (or one streamed event) past `max_reply_bytes` is a ProtocolError: bodies are read in
+pieces, so a server that never ends one costs that much memory, not the machine's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, Self
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import httpx
@@ -38,6 +40,7 @@ from workbench.errors import (
 
 __all__ = [
     "API_KEY_ENV_VARS",
+    "MAX_REPLY_BYTES",
     "GenerateResult",
     "SGLangClient",
     "ServerAddress",
@@ -46,6 +49,7 @@ __all__ = [
     "check_reply",
     "check_server_auth",
     "default_transport",
+    "is_secret_name",
     "redact_url",
     "redact_urls_in",
     "request_timeout",
@@ -58,6 +62,9 @@ RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # SGLang's JSON contract refusal of a key (sglang/api/v1/api_types.py `_unknown_field`).
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
 DEFAULT_REQUEST_TIMEOUT = 3600.0
+# A reply (or one streamed event) larger than this is refused: far above any real one, it
+# bounds the memory a server that never ends its body can take.
+MAX_REPLY_BYTES = 256 << 20
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=DEFAULT_REQUEST_TIMEOUT, write=60.0, pool=None)
 
 # httpx logs one INFO line per request; a run sends hundreds of thousands.
@@ -265,20 +272,29 @@ def _parse_server_url(url: str) -> SplitResult:
     return parts
 
 
-def _is_secret_key(key: str) -> bool:
-    """Server-info keys that may hold credentials (`api_key`, `admin_api_key`, ...)."""
-    return any(word in key.lower() for word in ("api_key", "password", "secret"))
+# A name whose word part (split at `_`, `-`, `.`, ...) ends in one of these holds a credential:
+# HF_TOKEN, --api-key, AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, DB_PASSWD, apiKey.
+# `tokens` and `tokenizer` do not (--max-total-tokens, --tokenizer-path).
+_SECRET_ENDINGS = ("token", "key", "secret", "secrets", "password", "passwords", "passwd",
+                   "credential", "credentials")
 
 
-_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api[-_]key|password|secret)[\w-]*)(=|\s+)(\S+)",
-                          re.IGNORECASE)
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, flag or key name says it holds a credential (its value is hidden).
+
+    The one rule for launch environments, server arguments and server-info keys."""
+    return any(part.endswith(_SECRET_ENDINGS) for part in re.split(r"[^a-z0-9]+", name.lower()))
+
+
+_FLAG_VALUE = re.compile(r"(--([\w-]+))(=|\s+)((?!--)\S+)")
 
 
 def _redact_command(command: Any) -> Any:
     """A server's `launch_command` with the values of credential flags (`--api-key K`) hidden."""
     if not isinstance(command, str):
         return command
-    return _SECRET_FLAG.sub(r"\1\2***", command)
+    return _FLAG_VALUE.sub(
+        lambda m: f"{m[1]}{m[3]}***" if is_secret_name(m[2]) else m[0], command)
 
 
 # An idle connection is not reused after this long: under SGLang's (and the simulator's)
@@ -432,8 +448,31 @@ def _map_transport_error(exc: httpx.TransportError, url: str) -> RequestFailed:
     # onto ConnectTimeout, so a connect-phase failure is a lost connection, not a slow reply.
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return RequestTimeout(f"timed out: {type(exc).__name__}", url)
-    detail = redact_urls_in(str(exc)) or type(exc).__name__
+    reason = _os_reason(exc)
+    if reason is not None:
+        return ConnectionLost(f"connection failed: cannot connect to {url}: {reason}", url)
+    detail = _SSL_WORDING.sub("", redact_urls_in(str(exc))) or type(exc).__name__
     return ConnectionLost(f"connection failed: {detail}", url)
+
+
+# aiohttp's "Cannot connect to host h:p ssl:default [...]" names its TLS setting, not the cause
+_SSL_WORDING = re.compile(r" ssl:\S+")
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """The operating system's reason under a connect error (`Connection refused`), read from
+    aiohttp's `os_error` below httpx-aiohttp's exception; None when there is none."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        error = getattr(seen, "os_error", None)
+        if isinstance(error, OSError):
+            if error.errno is not None and error.errno > 0:
+                return os.strerror(error.errno)
+            return error.strerror or str(error) or type(error).__name__
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class SGLangClient:
@@ -452,8 +491,10 @@ class SGLangClient:
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         check_server_auth(base_url, api_key)
+        self.max_reply_bytes = max_reply_bytes
         address = split_server_url(base_url)
         self.base_url = address.base_url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -468,7 +509,7 @@ class SGLangClient:
         )
         self._absolute: dict[str, httpx.URL] = {}
 
-    async def __aenter__(self) -> SGLangClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -488,13 +529,27 @@ class SGLangClient:
         return url
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The reply with its body read, at most `max_reply_bytes` of it (a ProtocolError past)."""
         try:
-            response = await self._http.request(method, self._absolute_url(path), **kwargs)
+            async with self._http.stream(method, self._absolute_url(path), **kwargs) as response:
+                response._content = await self._bounded_body(response, path)
         except httpx.TransportError as exc:
             raise _map_transport_error(exc, self._url(path)) from None
         if response.status_code >= 300:
             raise_for_status(response, self._url(path))
         return response
+
+    async def _bounded_body(self, response: httpx.Response, path: str) -> bytes:
+        """The body, read in pieces so that one that never ends costs `max_reply_bytes`."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self.max_reply_bytes:
+                raise ProtocolError(f"reply body larger than {self.max_reply_bytes} bytes "
+                                    "(max_reply_bytes)", self._url(path))
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _json(self, response: httpx.Response, path: str) -> Any:
         try:
@@ -553,7 +608,7 @@ class SGLangClient:
         try:
             async with self._http.stream("POST", "/generate", json=body) as response:
                 if response.status_code >= 300:
-                    await response.aread()
+                    response._content = await self._bounded_body(response, "/generate")
                     raise_for_status(response, url)
                 async for chunk in self._iter_sse(response, url, timer):
                     yield chunk
@@ -564,7 +619,7 @@ class SGLangClient:
         self, response: httpx.Response, url: str, timer: _Timer
     ) -> AsyncIterator[StreamChunk]:
         last: Any = None
-        async for line in response.aiter_lines():
+        async for line in self._bounded_lines(response, url):
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -582,6 +637,24 @@ class SGLangClient:
             raise ProtocolError("stream ended without a chunk", url)
         result = parse_generate_reply(last, url, elapsed=timer.elapsed())
         yield StreamChunk(output_ids=result.output_ids, at=time.perf_counter(), result=result)
+
+    async def _bounded_lines(self, response: httpx.Response, url: str) -> AsyncIterator[str]:
+        """The stream's lines; a line past `max_reply_bytes` is a ProtocolError."""
+        pending: list[str] = []
+        size = 0
+        async for text in response.aiter_text():
+            start = 0
+            while (end := text.find("\n", start)) >= 0:
+                pending.append(text[start:end])
+                yield "".join(pending).rstrip("\r")
+                pending, size, start = [], 0, end + 1
+            pending.append(text[start:])
+            size += len(text) - start
+            if size > self.max_reply_bytes:
+                raise ProtocolError(f"stream event larger than {self.max_reply_bytes} bytes "
+                                    "(max_reply_bytes)", url)
+        if any(pending):
+            yield "".join(pending).rstrip("\r")
 
     async def _probe(self, *paths: str) -> Any:
         """GET the first of `paths` that exists (404 falls through to the next)."""
@@ -605,7 +678,7 @@ class SGLangClient:
         if not isinstance(info, dict):
             raise ProtocolError("server_info is not a JSON object", self._url("/server_info"))
         return {k: _redact_command(v) if k == "launch_command" else v
-                for k, v in info.items() if not _is_secret_key(k)}
+                for k, v in info.items() if not is_secret_name(k)}
 
     async def model_info(self) -> dict[str, Any]:
         """`/model_info` (newer) or `/get_model_info` (older)."""

@@ -3,8 +3,9 @@
 The tuning sweep starts one server per configuration from it (`workbench.tune`), and
 `workbench generate --launch FILE` starts and supervises one (`load_server_params` reads the
 section alone). Paths in it (the interpreter, a model folder, a simulator profile file) are
-relative to the file. Secret-looking arguments and environment values (`api_key`, ...) are
-shown as `***` (`redact`, `redact_argv`).
+relative to the file. Arguments and environment values whose name says token, key, secret,
+password or credential (`HF_TOKEN`, `--api-key`, `AWS_SECRET_ACCESS_KEY`: `is_secret_name`)
+are shown as `***` wherever they are printed or written (`redact`, `redact_argv`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import msgspec
 
 from workbench.config import load_yaml_params, with_line
 from workbench.errors import ConfigError
+from workbench.server.client import is_secret_name
 from workbench.server.launch import HEALTH_PATHS, server_command, split_sim_args
 from workbench.sim.profiles import get_sim_profile, is_profile_path
 
@@ -33,6 +35,7 @@ __all__ = [
     "SimParams",
     "check_server",
     "config_command",
+    "is_secret_name",
     "load_server_params",
     "normalise_args",
     "redact",
@@ -43,7 +46,6 @@ __all__ = [
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 ArgValue = str | int | float | bool | None | list[str | int | float]
-_SECRET_WORDS = ("api_key", "password", "secret", "hf_token", "access_token")
 
 
 class SimParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -185,18 +187,24 @@ def config_command(server: ServerParams, config: ConfigPlan, port: int) -> Comma
 
 
 def redact(value: Any) -> Any:
-    """A copy with the values of secret-looking keys (api_key, ...) replaced by '***'."""
+    """A copy with the values of secret-named keys (`HF_TOKEN`, `api_key`, ...) as '***'."""
     if isinstance(value, Mapping):
-        return {k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v))
-                for k, v in value.items()}
+        return {k: ("***" if is_secret_name(str(k)) else redact(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    out = list(argv)
-    for i, part in enumerate(out[:-1]):
-        if part.startswith("--") and any(w in part.lower().replace("-", "_") for w in _SECRET_WORDS):
-            out[i + 1] = "***"
+    """The argv with the values of secret-named flags as '***': `--hf-token=***`, and every
+    value after `--api-key` up to the next flag."""
+    out: list[str] = []
+    hiding = False
+    for part in argv:
+        if part.startswith("--"):
+            name, eq, _ = part[2:].partition("=")
+            hiding = is_secret_name(name)
+            out.append(f"--{name}=***" if eq and hiding else part)
+        else:
+            out.append("***" if hiding else part)
     return out

@@ -15,7 +15,7 @@ import msgspec
 import msgspec.inspect
 import yaml
 
-from workbench.config import DATASET_NAME_PATTERN, load_yaml_params, with_line
+from workbench.config import DATASET_NAME_PATTERN, load_yaml_params, load_yaml_text, with_line
 from workbench.errors import ConfigError
 from workbench.server.launch import command_line, find_free_port
 from workbench.server.spec import (
@@ -200,9 +200,9 @@ def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, 
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError("--set", f"expected key.path=value, got {item!r}")
-        try:
-            parsed[key.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
+        try:  # read as parameter files are (no alias expansion); not YAML: the text itself
+            parsed[key.strip()] = load_yaml_text(text, key.strip(), "--set") if text.strip() else ""
+        except (ConfigError, yaml.YAMLError):
             parsed[key.strip()] = text
     return parsed
 
