@@ -32,6 +32,8 @@ What is counted, per dataset (``OUT/<name>/``):
                                 runner stops once the next reply would not fit)
     finished                    records plus failed ids reach the target, or the completion
                                 tokens reach ``max_tokens``, or the budget stopped it
+    all_failed                  finished without a record: every prompt it was to send
+                                failed (errors.jsonl); its state is "failed", never "done"
     eta_s                       what is left (records, or tokens under a budget, whichever
                                 ends first) over the recent rate; 0 when finished, None
                                 without a target or a rate
@@ -39,8 +41,9 @@ What is counted, per dataset (``OUT/<name>/``):
 The progress figures (target, rates, finished, ETA) are :mod:`workbench.analyze.eta`'s; the
 counting of each file is :mod:`workbench.analyze.counters`; the text of ``workbench stats``
 is :mod:`workbench.analyze.stats_text`. The total row sums the datasets (its rates: the
-datasets' current ones summed; once the whole run is finished, over the run's first to last
-record). Lines that are not rows are counted in ``bad_lines``; a last line without newline
+current ones of the datasets still running summed, a finished dataset's left out; its ETA what
+is left at that rate; once the whole run is finished, over the run's first to last record).
+Lines that are not rows are counted in ``bad_lines``; a last line without newline
 only sets ``torn_tail`` until it is complete.
 
 A dataset whose records carry a ``turn`` (conversations regenerated turn by turn, ``turns:
@@ -315,6 +318,11 @@ class DatasetStats:
         return _layout_name(self.layouts)
 
     @property
+    def all_failed(self) -> bool:
+        """Finished without a record: every prompt it was to send failed."""
+        return self.finished and not self.records and self.failed_missing > 0
+
+    @property
     def avg_prompt_tokens(self) -> float | None:
         counted = self.records - self.missing_prompt_tokens
         return self.prompt_tokens / counted if counted > 0 else None
@@ -355,6 +363,7 @@ class DatasetStats:
             "budget_reached": self.budget_reached,
             "remaining_records": _round(self.remaining_records, 1),
             "finished": self.finished,
+            "all_failed": self.all_failed,
             "bad_lines": self.bad_lines,
             "torn_tail": self.torn_tail,
             "last_write": self.last_write,
@@ -615,11 +624,13 @@ def _total(
 
 def _with_total_progress(total: DatasetStats, datasets: Sequence[DatasetStats],
                          times: Sequence[RecordTimes], now: float) -> DatasetStats:
-    """The run's rates: its datasets' current ones summed (a finished dataset's records of
-    the window included); once every dataset is finished, over the run's first to last record."""
-    current = [t.rates(now) for t in times]
-    req_rate = _sum_known([r.records_per_s for r in current], partial=True)
-    tok_rate = _sum_known([r.tokens_per_s for r in current], partial=True)
+    """The run's rates: the current ones of its datasets still running summed (a finished
+    dataset's are left out, its records of the window too), so that the ETA is what is left
+    at the pace of what still runs; once every dataset is finished, over the run's first to
+    last record."""
+    running = [d for d in datasets if not d.finished]
+    req_rate = _sum_known([d.requests_per_s for d in running], partial=True)
+    tok_rate = _sum_known([d.tokens_per_s for d in running], partial=True)
     parts = [Progress(d.remaining_records, d.finished, d.eta_s) for d in datasets]
     progressed = total_progress(parts, req_rate)
     if progressed.finished:

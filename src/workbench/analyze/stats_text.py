@@ -12,6 +12,10 @@ named otherwise:
     missing       records whose completion count cannot be read (never counted as 0)
     prepared tok  the token ids of prompts.jsonl: what was sent (- for text prompts)
     length        the share of replies cut at max_new_tokens
+
+A dataset that finished without a record (every prompt it was to send failed) shows
+``failed`` where a finished one shows ``done``, and a note: ``A: no record written: all 30
+prompts failed (see A/errors.jsonl)`` (:func:`no_record_note`, the monitor's ALERT too).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from workbench.analyze.stats import (
 from workbench.rundir.run import check_run_dir
 from workbench.text import format_count, format_duration, format_rate, format_table
 
-__all__ = ["format_stats_table", "render_stats"]
+__all__ = ["format_stats_table", "no_record_note", "render_stats"]
 
 
 _COUNT_HEADERS = (
@@ -53,17 +57,36 @@ def _count_row(d: DatasetStats) -> list[str]:
     return [d.name, d.layout, *(format_count(c) for c in counts)]
 
 
+def no_record_note(d: DatasetStats) -> str | None:
+    """`no record written: all 30 prompts failed (see A/errors.jsonl)` for a dataset that
+    finished without a record; None for any other."""
+    if not d.all_failed:
+        return None
+    prompts = "the prompt" if d.failed_missing == 1 else f"all {d.failed_missing:,} prompts"
+    return f"no record written: {prompts} failed (see {d.name}/errors.jsonl)"
+
+
+def _state(d: DatasetStats) -> str:
+    """What the ETA column says: failed, budget reached, done, or the time left."""
+    if not d.finished:
+        return format_duration(d.eta_s)
+    if d.all_failed:
+        return "failed"
+    return "budget reached" if stopped_by_budget(d) else "done"
+
+
 def _progress_row(d: DatasetStats) -> list[str]:
     spread = (d.avg_completion_tokens, *d.percentiles, d.max_completion_tokens)
     length = "-" if d.truncation_rate is None else f"{d.truncation_rate:.1%}"
     target = f"{d.records:,}/{format_count(d.target_records)}"
-    eta = ("budget reached" if stopped_by_budget(d) else "done") if d.finished else format_duration(d.eta_s)
+    eta = _state(d)
     rates = (format_rate(d.tokens_per_s), format_rate(d.requests_per_s))
     return [d.name, *(format_count(v) for v in spread), length, *rates, target, eta]
 
 
 def _notes(d: DatasetStats) -> list[str]:
-    notes = []
+    failed = no_record_note(d)
+    notes = [] if failed is None else [failed]
     if d.finish_reasons:
         reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(d.finish_reasons.items()))
         notes.append(f"finish reasons: {reasons}")

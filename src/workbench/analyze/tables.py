@@ -3,8 +3,8 @@ report add up to, per dataset.
 
     reasoning_summary     reasoning and answer tokens per dataset
     finish_mix            finish reasons per dataset, with max_new_tokens
-    progress_state        how a dataset stands: running, done, budget reached
-    budget_table          target and budget used, state (running, done, budget reached),
+    progress_state        how a dataset stands: running, done, budget reached, failed
+    budget_table          target and budget used, state (running, done, budget reached, failed),
                           remaining tokens, projected time
     findings_table        validation findings per dataset and rule
     findings_over_time    per-record rule failures by record timestamp
@@ -42,6 +42,7 @@ from workbench.rundir.columns import Columns
 __all__ = [
     "BUDGET_REACHED",
     "DONE",
+    "FAILED",
     "MIN_BUCKET_RECORDS",
     "RUNNING",
     "budget_table",
@@ -118,17 +119,21 @@ def _run_rate(group: pd.DataFrame) -> float | None:
     return tokens / span if span > 0 else None
 
 
-RUNNING, DONE, BUDGET_REACHED = "running", "done", "budget reached"
+RUNNING, DONE, BUDGET_REACHED, FAILED = "running", "done", "budget reached", "failed"
 
 
 def progress_state(ds: Any) -> str:
     """How a dataset (a DatasetStats) stands: "budget reached" when its max_tokens budget
     stopped it short of its target (run.json's ``budget_reached``: the runner stops a dataset
     once the next reply would not fit, below the budget itself; or its completion tokens
-    reached the budget: :func:`workbench.analyze.eta.stopped_by_budget`), "done" when it is
-    otherwise finished, else "running" (a run stopped by hand too: a resume carries it on)."""
+    reached the budget: :func:`workbench.analyze.eta.stopped_by_budget`), "failed" when it
+    finished without a record (every prompt it was to send failed: ``all_failed``), "done"
+    when it is otherwise finished, else "running" (a run stopped by hand too: a resume carries
+    it on; one that has written nothing yet too)."""
     if not ds.finished:
         return RUNNING
+    if ds.all_failed:
+        return FAILED
     return BUDGET_REACHED if stopped_by_budget(ds) else DONE
 
 
@@ -171,9 +176,10 @@ def budget_table(stats: RunStats, frame: pd.DataFrame) -> pd.DataFrame:
     ``max_tokens``, the state (:func:`progress_state`), the throughput (over the recent window of
     `stats`, and over the whole run from record times), the tokens left and the time they
     take at the recent throughput (the run's when there is none): none left once a dataset
-    is done or stopped by its budget. The total's tokens left are the datasets' sum (unknown
-    when one is), its state "running" while one dataset is; its budget is the sum when
-    every dataset has one."""
+    is done, failed or stopped by its budget. The total's tokens left are the datasets' sum
+    (unknown when one is), its state "running" while one dataset is, "failed" when no dataset
+    wrote a record and they failed, else "done"; its budget is the sum when every dataset has
+    one."""
     groups = dict(dataset_groups(frame))
     rows, left, states = [], [], []
     for name, ds in stats.datasets.items():
@@ -185,6 +191,7 @@ def budget_table(stats: RunStats, frame: pd.DataFrame) -> pd.DataFrame:
     budget = sum(b for b in budgets if b) if budgets and all(budgets) else None
     remaining = None if any(x is None for x in left) else float(sum(x for x in left if x))
     total = RUNNING if RUNNING in states or not states else DONE
+    total = FAILED if total == DONE and stats.total.all_failed else total
     rows.append(_budget_row(stats.total, frame, budget, remaining, total))
     return pd.DataFrame(rows)
 

@@ -7,6 +7,8 @@
                         records it tells of stay): replies whose prompt_tokens are not the
                         ids sent, the server cut or changed the prompts
     schema_drift        a count missing in the most recent records read
+    no_record           a dataset finished without a record: all its prompts failed (it
+                        stands as long as the dataset is so, whatever the window)
     stale_writer        a dataset is stale
     error_rate          failed attempts over the threshold share of the recent window
     truncation          ``length`` finishes over the threshold share of the recent records
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workbench.analyze.stats import DatasetStats, RunStats
+from workbench.analyze.stats_text import no_record_note
 from workbench.text import format_duration
 from workbench.watch.status import (
     Alert,
@@ -103,8 +106,14 @@ def _stale_alert(ds: DatasetStats, status: str, now: float) -> Alert | None:
     )
 
 
+def _no_record_alert(ds: DatasetStats) -> Alert | None:
+    note = no_record_note(ds)
+    return None if note is None else Alert(ds.name, "no_record", note)
+
+
 def _dataset_alerts(ds: DatasetStats, status: str, stats: RunStats, th: Thresholds) -> list[Alert]:
-    found = _schema_alerts(ds)
+    failed = _no_record_alert(ds)
+    found = ([] if failed is None else [failed]) + _schema_alerts(ds)
     if ds.bad_lines:
         found.append(
             Alert(ds.name, "bad_lines", f"{ds.bad_lines} unreadable lines in raw_responses.jsonl")

@@ -34,15 +34,18 @@ from workbench.errors import (
     ServerError,
     ServerUnreachable,
 )
+from workbench.rundir.layout import find_datasets
 from workbench.rundir.lock import writer_alive
+from workbench.rundir.manifest import manifest_path
 from workbench.rundir.run import check_run_dir
 from workbench.server.client import SGLangClient, api_key_from_env, redact_url
 from workbench.server.metrics import MetricsSnapshot, parse_metrics
 from workbench.watch.alerts import build_state
+from workbench.watch.fit import Part, fit_line
 from workbench.watch.render import render_frame, render_rich
 from workbench.watch.status import MonitorState, ServerState, Thresholds, WorkerState
 
-__all__ = ["Monitor", "run_monitor", "wait_for_run_dir"]
+__all__ = ["Monitor", "has_run", "run_monitor", "server_reach", "wait_for_run_dir", "waiting_line"]
 
 
 def _info_summary(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,12 +199,73 @@ async def _watch(
             await sleep(interval)
 
 
-async def wait_for_run_dir(out: Path, interval: float, sleep: Sleep, say: Callable[[str], None]) -> None:
-    """Return once out exists (generate creates it after its preflight), saying so once."""
-    if out.exists():
+def has_run(out: Path) -> bool:
+    """Whether `out` holds a run yet: a folder with run.json or a dataset's files."""
+    return out.is_dir() and (manifest_path(out).is_file() or bool(find_datasets(out, {})))
+
+
+def waiting_line(out: Path, width: int | None = None) -> str:
+    """What the monitor waits for: the run folder to appear, or a run in it; fitted to
+    `width` (the run folder's name only, then that name cut, on a narrow terminal)."""
+    where = Part(str(out), out.name or str(out), sep=" ", shrink=True)
+    if out.is_dir():
+        return fit_line([Part("waiting for a run in", sep=""), where,
+                         Part("(no run.json yet)", rank=1, sep=" "), Part("...", sep=" ")], width)
+    return fit_line([Part("waiting for", sep=""), where, Part("to appear", sep=" "),
+                     Part("(generate creates it once the server answered)",
+                          "(generate creates it)", rank=1, sep=" "),
+                     Part("...", sep=" ")], width)
+
+
+def _short_reason(exc: ServerError) -> str:
+    """`connection refused`, `host not found`, `timed out`, else the error's own words."""
+    text = str(exc)
+    if isinstance(exc, RequestTimeout):
+        return "timed out"
+    if "refused" in text.lower() or "connect call failed" in text.lower():
+        return "connection refused"
+    if "name or service not known" in text.lower() or "nodename nor servname" in text.lower():
+        return "host not found"
+    return text.removeprefix("connection failed: ")
+
+
+async def server_reach(client: SGLangClient, width: int | None = None) -> str:
+    """One line on whether the server answers (its /metrics):
+    `server http://gpu:30000: unreachable (connection refused)`, fitted to `width`."""
+    url = redact_url(client.base_url)
+    try:
+        await client.metrics()
+        verdict = "reachable"
+    except (ConnectionLost, RequestTimeout, ServerUnreachable) as exc:
+        verdict = f"unreachable ({_short_reason(exc)})"
+    except ServerError as exc:
+        verdict = f"answers with an error ({exc})"
+    return fit_line([Part("server", sep=""), Part(f"{url}:", sep=" ", shrink=True),
+                     Part(verdict, sep=" ")], width)
+
+
+async def wait_for_run_dir(
+    out: Path,
+    interval: float,
+    sleep: Sleep,
+    say: Callable[[str], None],
+    client: SGLangClient | None = None,
+    width: int | None = None,
+) -> None:
+    """Return once `out` holds a run (generate creates the folder after its preflight, then
+    run.json), saying what it waits for, and with a `client` whether its server answers
+    (again each time that changes); lines fitted to `width`."""
+    if has_run(out):
         return
-    say(f"waiting for {out} to appear (generate creates it once the server answered) ...")
-    while not out.exists():
+    said: list[str] = []
+    while not has_run(out):
+        lines = [waiting_line(out, width)]
+        if client is not None:
+            lines.append(await server_reach(client, width))
+        for line in lines:
+            if line not in said:
+                say(line)
+        said = lines
         await sleep(interval)
 
 
@@ -216,16 +280,19 @@ async def _monitor(
     thresholds: Thresholds,
     sleep: Sleep,
 ) -> MonitorState | None:
-    if interval is not None:
-        await wait_for_run_dir(out, interval, sleep, lambda m: console.out(m, highlight=False))
-    check_run_dir(out, need_datasets=False)
     client = _client(server, transport) if server else None
-    monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds,
-                      worker_client=lambda url: _client(url, transport))
     try:
-        return await _watch(monitor, console, interval, live, sleep)
+        if interval is not None:
+            await wait_for_run_dir(out, interval, sleep, lambda m: console.out(m, highlight=False),
+                                   client, _frame_width(console))
+        check_run_dir(out, need_datasets=False)
+        monitor = Monitor(out, client=client, clock=clock, thresholds=thresholds,
+                          worker_client=lambda url: _client(url, transport))
+        try:
+            return await _watch(monitor, console, interval, live, sleep)
+        finally:
+            await monitor.aclose()
     finally:
-        await monitor.aclose()
         if client is not None:
             await client.aclose()
 
@@ -244,10 +311,13 @@ def run_monitor(
 ) -> int:
     """``workbench monitor``: a live dashboard on a terminal, else plain-text frames.
 
-    ``once`` prints one frame and returns 1 when it raised an alert, else 0. Without a
+    ``once`` prints one frame and returns 1 when it raised an alert (a dataset that wrote no
+    record because all its prompts failed is one, however old its errors), else 0. Without a
     terminal, no ``interval`` means once; with one, a frame every ``interval`` seconds (2 by
     default on a terminal), fitted to the terminal's width, until Ctrl-C (then 0); a run
-    directory that does not exist yet is waited for. A bad directory raises InputError.
+    directory that does not exist yet, or holds no run yet, is waited for, saying so and
+    whether the ``server`` answers (:func:`wait_for_run_dir`). A bad directory raises
+    InputError (the CLI's exit code 2).
     """
     if interval is not None and interval <= 0:
         raise ConfigError("--interval", f"must be positive, got {interval:g}")

@@ -16,8 +16,10 @@ long ends in an ellipsis. Without a width, everything in full.
 
 tok/s is :func:`workbench.rundir.rates.record_rates`, as in ``workbench stats`` and generate's
 progress line; the header says its window, and a finished dataset's rate is over its running
-time (it stays what it was when it finished). A dataset that has not started is ``waiting``,
-without a last write. The server line's ``server gen`` is the server's own rate (its token
+time (it stays what it was when it finished). The total row's rate is the sum of the running
+datasets' rates (a finished dataset's is left out), its ETA what is left at that rate; its
+status is ``failed`` when no dataset wrote a record and their prompts failed. A dataset that
+has not started is ``waiting``, without a last write. The server line's ``server gen`` is the server's own rate (its token
 counter over the last minute of polls); once the run has ended the line starts with it, and
 figures that have not changed for ``STALE_FIGURES`` seconds say since when.
 """
@@ -109,7 +111,7 @@ def _eta(ds: DatasetStats, status: str, short: bool) -> str:
     if status == "budget":
         return f"{count(ds.completion_tokens)}/{count(ds.max_tokens)} tok"
     if ds.finished:
-        return "done"
+        return "failed" if ds.all_failed else "done"
     return "-" if status in ("stopped", "waiting") else format_duration(ds.eta_s)
 
 
@@ -140,7 +142,7 @@ def _row(ds: DatasetStats, status: str, now: float, short: bool, turns: bool = F
 
 def _total_status(state: MonitorState) -> str:
     if state.stats.total.finished:
-        return "done"
+        return "failed" if state.stats.total.all_failed else "done"
     if state.writer is False:
         return "stopped"
     return "active" if state.run_active else "inactive"
@@ -338,8 +340,8 @@ def render_frame(state: MonitorState, width: int | None = None) -> str:
     return "\n".join(lines)
 
 
-_STATUS_STYLES = {"running": "green", "done": "cyan", "budget": "cyan", "stopped": "yellow",
-                  "waiting": "dim", "idle": "dim", "stale": "bold red"}
+_STATUS_STYLES = {"running": "green", "done": "cyan", "failed": "bold red", "budget": "cyan",
+                  "stopped": "yellow", "waiting": "dim", "idle": "dim", "stale": "bold red"}
 
 
 def _line(text: str, style: str = "") -> Text:

@@ -3,6 +3,8 @@
 Dataset status:
 
     done      records plus failed ids reach the target
+    failed    finished without a record: every prompt it was to send failed (a dataset that
+              has written nothing yet and still has prompts to send is not failed)
     budget    the dataset's token budget stopped it before its target
     waiting   nothing written yet: no record, no failed attempt, no unreadable line (its
               files may exist: generate creates them before it sends anything)
@@ -52,7 +54,7 @@ __all__ = [
     "stopped_by_budget",
 ]
 
-STATUSES = ("running", "done", "budget", "waiting", "stopped", "idle", "stale")
+STATUSES = ("running", "done", "failed", "budget", "waiting", "stopped", "idle", "stale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +215,9 @@ def dataset_status(
     run_started: float | None = None,
     writer: bool | None = None,
 ) -> str:
-    """running, done, budget, waiting, stopped, idle or stale (see the module docstring)."""
+    """running, done, failed, budget, waiting, stopped, idle or stale (the module docstring)."""
     if ds.finished:
-        return "budget" if stopped_by_budget(ds) else "done"
+        return "failed" if ds.all_failed else "budget" if stopped_by_budget(ds) else "done"
     last = last_write(ds)
     if last is None or not started(ds):
         return "waiting"
