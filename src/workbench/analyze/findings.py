@@ -44,14 +44,18 @@ from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE, DatasetDir
 from workbench.rundir.line_index import Key, key_text
 
 __all__ = [
+    "DATA_LIMITS",
+    "DataConcern",
     "DatasetReport",
     "Example",
     "Finding",
     "ModeRate",
     "PromptIds",
     "ValidationReport",
+    "data_concerns",
     "dataset_report",
     "read_prompt_ids",
+    "share",
 ]
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -93,11 +97,65 @@ class Finding(msgspec.Struct):
     modes: dict[str, ModeRate] | None = None
 
 
+DATA_LIMITS: dict[str, float] = {  # a data-quality rule's rate above which it is a concern
+    "near_duplicate_reply": 0.10,
+    "near_duplicate_prompt": 0.10,
+    "duplicate_reply": 0.01,
+    "duplicate_prompt": 0.01,
+    "repetition": 0.05,
+    "contaminated_prompt": 0.0,  # any
+    "contaminated_reply": 0.0,
+}
+
+_DATA_SAYS = {  # rule -> what its records are, after "50% of the replies"
+    "near_duplicate_reply": "are near duplicates",
+    "near_duplicate_prompt": "are near duplicates",
+    "duplicate_reply": "are duplicates",
+    "duplicate_prompt": "are duplicates",
+    "repetition": "are stuck in a loop",
+    "contaminated_prompt": "hold a benchmark n-gram",
+    "contaminated_reply": "hold a benchmark n-gram",
+}
+
+
+class DataConcern(msgspec.Struct):
+    """A data-quality rule whose `rate` (`count` of the dataset's `of`: replies or prompts)
+    passes its `limit` (:data:`DATA_LIMITS`); `says` what those are (`are near duplicates`)."""
+
+    rule: str
+    count: int
+    rate: float
+    limit: float
+    of: str
+    says: str
+
+    def clause(self, dataset: str) -> str:
+        """`50% of B1_glaive's replies are near duplicates`."""
+        return f"{share(self.rate)} of {dataset}'s {self.of} {self.says}"
+
+
+def share(rate: float) -> str:
+    """A rate as a share a reader takes in: `50%` from 10%, `0.3%` below."""
+    return f"{rate:.0%}" if rate >= 0.1 else f"{rate:.1%}"
+
+
+def data_concerns(findings: Iterable[Finding]) -> list[DataConcern]:
+    """The concerns of a dataset's findings: each data-quality rule whose rate passes its limit."""
+    return [DataConcern(f.rule, f.count, f.rate, DATA_LIMITS[f.rule],
+                        "prompts" if counted_over(f.rule) == "prompts" else "replies",
+                        _DATA_SAYS[f.rule])
+            for f in findings
+            if f.rule in DATA_LIMITS and f.rate is not None and f.rate > DATA_LIMITS[f.rule]]
+
+
 class DatasetReport(msgspec.Struct):
+    """`ok`: the format's verdict (no error finding); `data`: the data-quality concerns."""
+
     ok: bool
     records: int
     prompts: int | None
     findings: list[Finding]
+    data: list[DataConcern] = msgspec.field(default_factory=list)
 
 
 class ValidationReport(msgspec.Struct):
@@ -111,10 +169,16 @@ class ValidationReport(msgspec.Struct):
     benchmarks: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
 
+    def data_clauses(self) -> list[str]:
+        """Each data concern of each dataset in words (`50% of B1's replies are near duplicates`)."""
+        return [concern.clause(name) for name, ds in self.datasets.items() for concern in ds.data]
+
     def to_builtins(self) -> dict[str, Any]:
         """The report as JSON-ready dicts: {"ok", "model_profile", "datasets": {...},
-        "benchmarks": [...]}, and "notes": [...] when a check could not run; a finding has
-        "modes" ({mode: {"count", "records", "rate"}}) only when it is given per mode."""
+        "benchmarks": [...]}, and "notes": [...] when a check could not run; a dataset's
+        "data" lists its data concerns (:class:`DataConcern`: "rule", "count", "rate",
+        "limit", "of", "says"; empty when none); a finding has "modes" ({mode: {"count",
+        "records", "rate"}}) only when it is given per mode."""
         data: dict[str, Any] = msgspec.to_builtins(self)
         if not self.notes:
             del data["notes"]
@@ -306,10 +370,13 @@ def dataset_report(
         absent.add("no_prompts", 0, "file not found: missing and orphan responses not checked")
         tallies.append((PROMPTS_FILE, absent))
     _id_findings(scan, prompts, records, budget_reached)
+    if prompts is not None and prompts.lines and scan.records == 0 and not budget_reached:
+        records.add("no_records", 0, f"none of its {len(prompts.lines):,} prepared prompts has a "
+                    "record: they all failed (see errors.jsonl), or none was sent yet")
     if prompts is not None and prompts.sent_ids is not None:
         _prompt_token_findings(scan, prompts.sent_ids, records)
     count = len(prompts.lines) if prompts is not None else None
     findings = _findings(tallies, scan.records, count, thresholds, _turn_lines(scan.columns),
                          scan.columns)
     ok = not any(f.severity == "error" for f in findings)
-    return DatasetReport(ok, scan.records, count, findings)
+    return DatasetReport(ok, scan.records, count, findings, data_concerns(findings))

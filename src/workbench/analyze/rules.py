@@ -15,6 +15,8 @@ truncated replies are normal, a tenth of them means ``max_new_tokens`` is too sm
                                     of a conversation regenerated turn by turn, the same
                                     (sample_id, turn): its other turns are no duplicates
     missing_response      warning   a prepared prompt with no record (prompts)
+    no_records            error     a dataset with prepared prompts and not one record: every
+                                    prompt failed (its errors.jsonl says why), or none was sent
     unsent_budget         info      a prepared prompt with no record in a dataset whose
                                     max_tokens budget stopped it (run.json budget_reached)
     orphan_response       warning   a record whose sample_id (and turn) is not a prepared prompt
@@ -130,6 +132,7 @@ SEVERITY: dict[str, Severity] = {
     "bad_type": "error",
     "duplicate_sample_id": "error",
     "missing_response": "warning",
+    "no_records": "error",
     "unsent_budget": "info",
     "orphan_response": "warning",
     "missing_turn": "warning",

@@ -82,19 +82,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     from workbench.analyze.quality import run_benchmarks
     from workbench.analyze.rules import Thresholds
-    from workbench.analyze.validate import exit_code, format_report, validate_run
+    from workbench.analyze.validate import (
+        benchmark_notes,
+        exit_code,
+        format_report,
+        validate_run,
+    )
     from workbench.rundir.run import load_run
 
     benchmarks = run_benchmarks(load_run(args.out, args.only), args.decontaminate,
                                 field=args.benchmark_field, ngram=args.ngram,
                                 tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code)
-    for note in benchmarks.notes:
-        print(f"workbench: note: {note}", file=sys.stderr)
+    if args.json:  # the text says how the benchmarks were chosen; JSON keeps stdout for data
+        for note in benchmark_notes(benchmarks):
+            print(f"workbench: note: {note}", file=sys.stderr)
     decontaminate = benchmarks.decontaminate
     thresholds = Thresholds(near_duplicate_threshold=args.near_threshold)
     report = validate_run(args.out, model_profile=args.model_profile, only=args.only,
                           workers=args.workers, thresholds=thresholds, decontaminate=decontaminate)
-    print(msgspec.json.encode(report.to_builtins()).decode() if args.json else format_report(report))
+    print(msgspec.json.encode(report.to_builtins()).decode() if args.json
+          else format_report(report, benchmarks))
     return exit_code(report, strict=args.strict)
 
 

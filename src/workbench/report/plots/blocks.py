@@ -142,7 +142,7 @@ REPORT_CSS = """
 .wb-pill{display:inline-block;color:#fff;border-radius:10px;padding:1px 9px;font-size:12px;font-weight:600}
 .wb-report .wb-banner{border-radius:8px;padding:16px 20px;margin:8px 0 16px;color:#fff}
 .wb-banner .wb-big{font-size:22px;font-weight:700}.wb-banner .wb-sub{font-size:14px;margin-top:4px;opacity:.95}
-.wb-banner.pass{background:#2E7D32}.wb-banner.fail{background:#C62828}
+.wb-banner.pass{background:#2E7D32}.wb-banner.fail{background:#C62828}.wb-banner.concern{background:#B45F06}
 .wb-report .wb-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:0;max-height:14em;overflow:auto;background:#f7f9fb;padding:4px 6px;border-radius:4px}
 .wb-report .wb-table .wb-code{min-width:36ch;max-width:80ch}
 .wb-report .wb-flag{white-space:nowrap;font-family:ui-monospace,Menlo,Consolas,monospace}

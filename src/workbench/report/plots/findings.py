@@ -1,9 +1,11 @@
-"""The validation report: pass or fail, the findings per dataset and rule, example records,
-and the findings figures (rates per rule, and over time).
+"""The validation report: the format's verdict and the data's, the findings per dataset and
+rule, example records, and the findings figures (rates per rule, and over time).
 
 A claim shows its threshold: a finding's count says what it is out of (records, or
-prompts). An info finding never outweighs a warning: findings_figure draws errors and
-warnings and lists the info findings. Over time, a rate in a bucket of too few records is
+prompts). The banner is green only when the format passed and no data-quality rate passes
+its limit (amber when only the data has a concern). An info finding never outweighs a
+warning: findings_figure draws errors, warnings and the data-quality rates (near duplicates
+teach nothing, whatever their severity) and lists the other info findings. Over time, a rate in a bucket of too few records is
 a grey open circle (FEW_SYMBOL), explained in the legend, not part of the line.
 """
 
@@ -17,7 +19,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.analyze.findings import DATA_LIMITS
 from workbench.analyze.tables import MIN_BUCKET_RECORDS
+from workbench.analyze.validate import contamination_line
 from workbench.report.plots.blocks import (
     Html,
     Rendered,
@@ -35,6 +39,7 @@ from workbench.rundir.layout import PROMPTS_FILE
 from workbench.text import format_duration
 
 __all__ = [
+    "DRAWN_RULES",
     "DRAWN_SEVERITIES",
     "FEW_SYMBOL",
     "examples_view",
@@ -52,22 +57,31 @@ def _plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def validation_banner(report: Any) -> Rendered:
-    """Pass or fail, with the counts behind it; the data is ``workbench validate --json``."""
+def validation_banner(report: Any, benchmarks: Any = None) -> Rendered:
+    """The format's verdict (pass or fail, with the counts behind it) and the data's (each
+    data concern in words); green only when both are clean, amber when the format passed
+    and the data has a concern. `benchmarks` (a RunBenchmarks) says whether the benchmarks
+    checked against are run.json's. The data is ``workbench validate --json``."""
     findings = [(name, f) for name, ds in report.datasets.items() for f in ds.findings]
     errors = [(n, f) for n, f in findings if f.severity == "error"]
     warnings = sum(1 for _, f in findings if f.severity == "warning")
     records = sum(ds.records for ds in report.datasets.values())
     failed = sorted({n for n, _ in errors})
-    if report.ok:
-        big = f"PASSED: no error findings in {len(report.datasets)} datasets"
+    clauses = report.data_clauses()
+    if not report.ok:
+        big, state = f"FAILED: {_plural(len(errors), 'error finding')} in {', '.join(failed)}", "fail"
+    elif clauses:
+        big, state = f"format passed; data: {_plural(len(clauses), 'concern')}", "concern"
     else:
-        big = f"FAILED: {_plural(len(errors), 'error finding')} in {', '.join(failed)}"
+        big, state = f"PASSED: no error findings in {len(report.datasets)} datasets; data: no concern", "pass"
     sub = (f"{_plural(len(errors), 'error finding')} · {_plural(warnings, 'warning finding')} · "
            f"{_plural(records, 'record')} · model profile {report.model_profile}")
-    state = "pass" if report.ok else "fail"
+    said = [f"data: {clause}" for clause in clauses]
+    contamination = contamination_line(report, benchmarks)
+    said += [contamination] if contamination is not None else []
+    lines = "".join(f'<div class="wb-sub">{escaped(line)}</div>' for line in said)
     return Rendered(f'<div class="wb-report"><div class="wb-banner {state}"><div class="wb-big">'
-                    f'{escaped(big)}</div><div class="wb-sub">{escaped(sub)}</div></div></div>',
+                    f'{escaped(big)}</div><div class="wb-sub">{escaped(sub)}</div>{lines}</div></div>',
                     report.to_builtins())
 
 
@@ -138,6 +152,7 @@ def examples_view(examples: pd.DataFrame) -> Rendered:
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 DRAWN_SEVERITIES = ("error", "warning")
+DRAWN_RULES = tuple(DATA_LIMITS)  # data-quality rules: drawn whatever their severity
 
 
 def _info_lines(info: pd.DataFrame) -> list[str]:
@@ -151,15 +166,19 @@ def _info_lines(info: pd.DataFrame) -> list[str]:
 
 
 def findings_figure(table: pd.DataFrame,
-                    title: str = "Findings: share of records per rule (errors and warnings)") -> go.Figure:
-    """Rate of every error and warning finding per rule, one bar per dataset, errors first
-    (explore.findings_table). Info findings are listed under the bars, never drawn as bars:
-    a note (the prompts a budget left unsent, near duplicates) must not outweigh a warning."""
+                    title: str = "Findings: share of records per rule (errors, warnings, data quality)",
+                    ) -> go.Figure:
+    """Rate of every error and warning finding and of every data-quality rule (DRAWN_RULES:
+    near duplicates, duplicates, loops, contamination, info or not) per rule, one bar per
+    dataset, errors first (explore.findings_table). The other info findings are listed under
+    the bars, never drawn: a note (the prompts a budget left unsent) must not outweigh a
+    warning."""
     rated = table[table["rule"].notna() & table["rate"].notna()]
-    found = rated[rated["severity"].isin(DRAWN_SEVERITIES)]
-    info = _info_lines(rated[~rated["severity"].isin(DRAWN_SEVERITIES)])
+    drawn = rated["severity"].isin(DRAWN_SEVERITIES) | rated["rule"].isin(DRAWN_RULES)
+    found = rated[drawn]
+    info = _info_lines(rated[~drawn])
     if found.empty:
-        fig = empty_figure(title, "no error or warning finding")
+        fig = empty_figure(title, "no error or warning finding, nor a data-quality rate")
     else:
         fig = _findings_bars(found, series_colors(table), title)
     if info:
