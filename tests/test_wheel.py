@@ -71,7 +71,7 @@ def test_wheel_runs_demo_and_report_from_an_empty_folder(tmp_path: Path) -> None
 
     report = run([workbench, "report", "format_validation"], empty, env)
     html = Path(report.stdout.strip().splitlines()[-1])
-    assert html.is_file() and html.is_relative_to(empty / "outputs" / "reports")
+    assert html.is_file() and html.is_relative_to(empty / "outputs" / "demo" / "reports")  # the run's
     assert "parameters: " in report.stderr and str(venv) in report.stderr  # the packaged demo parameters
 
     init = run([workbench, "init", "job"], empty, env)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from workbench.errors import ConfigError
 from workbench.resources import data_dir
+from workbench.rundir.storage import writing
 
 __all__ = ["JOB_RUN_DIR", "TRY_PORT", "TRY_RUN_DIR", "init_job_folder", "job_files"]
 
@@ -204,7 +205,8 @@ def _carried(path: Path, root: Path) -> bool:
 
 
 def init_job_folder(folder: str | Path) -> list[Path]:
-    """Write the job folder's files; ConfigError (nothing written) when one exists already."""
+    """Write the job folder's files; ConfigError (nothing written) when one exists already,
+    StorageError naming the folder (or the file) that could not be written."""
     root = Path(folder)
     if root.exists() and not root.is_dir():
         raise ConfigError("DIR", f"{root} is a file, not a folder")
@@ -215,6 +217,7 @@ def init_job_folder(folder: str | Path) -> list[Path]:
         raise ConfigError("DIR", f"{root} already holds {shown} (nothing written; "
                                  "choose another folder or move them)")
     for f in files:
-        f.path.parent.mkdir(parents=True, exist_ok=True)
-        f.path.write_bytes(f.data)
+        with writing(root if not f.path.parent.is_dir() else f.path):
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            f.path.write_bytes(f.data)
     return [f.path for f in files]

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from workbench.cli.args import Parser
+from workbench.cli.args import Parser, VerbParser
 from workbench.cli.exits import EXIT_INPUT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STORAGE, err
 from workbench.cli.generate import add_generate
 from workbench.cli.read import add_export, add_monitor, add_score, add_stats, add_validate
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="workbench", description="Generate, watch, report on and tune EAGLE-3 data jobs on SGLang.")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub: argparse._SubParsersAction[Any] = parser.add_subparsers(
-        dest="command", required=True, metavar="VERB")
+        dest="command", required=True, metavar="VERB", parser_class=VerbParser)
     for add in COMMANDS:
         add(sub)
     return parser
@@ -157,6 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     """The verb's exit code; expected failures print one line and give 2 (74: a file could
     not be written; 130: Ctrl-C)."""
     from workbench.errors import InputError, LaunchError, ServerError, StorageError
+    from workbench.rundir.storage import DISK_ERRNOS, storage_error
 
     try:
         code = int(args.func(args))
@@ -170,6 +171,11 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     except StorageError as exc:  # a full disk, an I/O error, a read-only file system
         err(str(exc))
+        return EXIT_STORAGE
+    except OSError as exc:  # a write no verb turned into a StorageError: still one line
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        err(str(storage_error(exc.filename or "a file", exc)))
         return EXIT_STORAGE
     except KeyboardInterrupt:
         err("interrupted")

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from workbench.cli.exits import EXIT_INPUT
 
 __all__ = [
     "Parser",
+    "VerbParser",
     "add_decontaminate",
     "check_out_dir",
     "concurrency",
@@ -124,10 +126,28 @@ def server_url(text: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its usage errors on one line, naming the verb's --help."""
+    """argparse with its usage errors on one line, naming the verb's --help; no abbreviated
+    options (``--dataset`` is not taken for ``--datasets``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_INPUT, f"workbench: error: {message} (see: {self.prog} --help)\n")
+
+
+class VerbParser(Parser):
+    """A verb's parser: an option it does not know is its own error, naming its --help (left
+    to the root parser, the line would name ``workbench --help``)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def csv(text: str) -> tuple[str, ...]:

@@ -82,10 +82,11 @@ def add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="say (and note in run.json) when the server's token throughput falls "
                         "below F of its best with its KV cache full and requests retracted; "
                         "0: off (0.25)")
-    p.add_argument("--gpus", type=positive_int, metavar="N",
+    p.add_argument("--gpus", type=non_negative_int, metavar="N",
                    help="the GPUs serving the run, for the GPU-hours of the closing summary "
                         "(default: the server's tp x pp x dp from /server_info; through a "
-                        "router, the first worker's times the workers)")
+                        "router, the first worker's times the workers); 0 for a CPU server: "
+                        "hours, no GPU-hours")
     p.add_argument("--max-restarts", type=non_negative_int, default=3, metavar="N",
                    help="--launch: restarts of the server before the run stops (3)")
     p.add_argument("--restart-backoff", type=positive_float, default=10.0, metavar="SECONDS",
@@ -124,6 +125,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     check_out_dir(args.out)
     manifest = load_manifest(args.datasets)
+    from workbench.rundir.layout import check_dataset_names
+
+    check_dataset_names(manifest)  # before any server is started for it (--launch)
     from workbench.generate.launched import LaunchSettings
     from workbench.generate.watchdog import WatchdogSettings
     from workbench.server.spec import load_server_params

@@ -17,7 +17,7 @@ def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("report", help="execute a report notebook into an HTML report",
                        description="Execute the report notebook NAME with papermill and export it "
                                    "to HTML (code hidden, plotly.js inlined: opens offline); "
-                                   "OUT/index.html lists every rendering. With --every, check "
+                                   "index.html in its folder lists every rendering. With --every, check "
                                    "again at each interval and render only when the report's "
                                    "inputs changed.")
     p.add_argument("name", metavar="NAME", nargs="?",
@@ -35,7 +35,8 @@ def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    metavar="KEY=VALUE", help="override one parameter (a YAML scalar); repeatable")
     p.add_argument("--out", type=Path,
                    help="folder for NAME-<timestamp>/, the NAME-latest link and index.html "
-                        "(outputs/reports)")
+                        "(default: beside the run the report reads, RUN/reports, or "
+                        "JOB/outputs/reports in a job folder; outputs/reports for a sweep)")
     p.add_argument("--every", type=_interval, metavar="INTERVAL",
                    help="keep checking at this interval (30s, 10m, 1h, 1h30m) and render when "
                         "the inputs changed since the last rendering; Ctrl-C stops (exit 130)")
@@ -60,7 +61,7 @@ def _interval(text: str) -> float:
 def _cmd_report(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError, InputError, ReportError
     from workbench.report.parameters import default_params, parse_overrides
-    from workbench.report.render import DEFAULT_OUT, run_report
+    from workbench.report.render import run_report
 
     if args.index is not None:
         return _index_report(args)
@@ -70,12 +71,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError("--until", "goes with --every")
     if args.rerun is not None:
         return _rerun_report(args)
-    args.out = args.out or DEFAULT_OUT
     params = args.params if args.params is not None else default_params(Path(args.name).stem)
     if args.params is None and params is not None:
         print(f"parameters: {params}", file=sys.stderr, flush=True)
     overrides = parse_overrides(args.overrides)
     try:
+        if args.out is None:
+            args.out = _reports_of_run(args.name, params, overrides)
+            print(f"reports folder: {args.out} (--out to choose another)", file=sys.stderr,
+                  flush=True)
         if args.every is not None:
             return _watch_report(args, params, overrides)
         result = run_report(args.name, params, overrides, args.out)
@@ -94,6 +98,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print(f"report time: {took['total']:.1f}s (notebook {took['notebook']:.1f}s, "
           f"HTML {took['html']:.1f}s); index: {args.out / 'index.html'}", file=sys.stderr)
     return 0
+
+
+def _reports_of_run(name: str, params: Path | None, overrides: dict[str, Any]) -> Path:
+    """Where a report goes without --out: beside the run it reads, as in `workbench demo` and
+    in the Lab of `workbench explore` (RUN/reports, or JOB/outputs/reports for a run inside
+    a job folder); a report of a sweep alone, into outputs/reports as `workbench tune`'s."""
+    from workbench.report.lab import lab_layout
+    from workbench.report.render import DEFAULT_OUT, plan_report
+
+    run_dir = plan_report(name, params, overrides).parameters.get("run_dir")
+    if not isinstance(run_dir, str) or not run_dir:
+        return DEFAULT_OUT
+    return _shown(lab_layout(run_dir).reports)
+
+
+def _shown(path: Path) -> Path:
+    """path relative to the working folder when it is inside it (shorter to read)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _prune(out: Path, name: str, keep: int) -> None:
@@ -196,5 +221,8 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         webbrowser.open(lab.url)
     try:
         return lab.wait()
+    except KeyboardInterrupt:  # Ctrl-C is how explore is meant to end: not an error
+        print("explore stopped (Ctrl-C): JupyterLab closed", file=sys.stderr, flush=True)
+        return 0
     finally:
         lab.stop()

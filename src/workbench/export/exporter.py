@@ -81,6 +81,7 @@ written to a temporary file in the target's directory and renamed at the end.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Sequence
@@ -112,9 +113,11 @@ from workbench.export.trainers import (
     trainer_report,
     write_manifest,
 )
+from workbench.rundir.files import temp_path
 from workbench.rundir.reader import iter_blocks, parse_lines, paused_gc
 from workbench.rundir.records import Row
 from workbench.rundir.run import RunInfo, load_run
+from workbench.rundir.storage import DISK_ERRNOS, storage_error
 
 __all__ = ["export_run", "format_summary"]
 
@@ -436,8 +439,16 @@ def _write(sources: Sequence[Source], target: Path, options: ExportOptions) -> S
         return sink
     except WorkbenchError:
         raise
-    except OSError as exc:
+    except OSError as exc:  # the disk said no (an I/O error may be a read: a run file's)
+        if exc.errno in DISK_ERRNOS - {errno.EIO} or _names_target(exc, target):
+            raise storage_error(target, exc) from None
         raise DataError(exc.filename or target, f"cannot read or write: {exc.strerror or exc}") from None
+
+
+def _names_target(exc: OSError, target: Path) -> bool:
+    """Whether the error is about target or its temp file (not a file of the run)."""
+    named = {os.fspath(name) for name in (exc.filename, exc.filename2) if name is not None}
+    return bool(named & {os.fspath(target), os.fspath(temp_path(target))})
 
 
 def format_summary(summary: ExportSummary) -> str:

@@ -43,6 +43,7 @@ from workbench.errors import ConfigError
 from workbench.export.options import ExportFormat
 from workbench.export.trainers import RowEntry, row_digest
 from workbench.rundir.files import remove_stale_temps, temp_path
+from workbench.rundir.storage import writing
 
 __all__ = ["JSONL_SUFFIXES", "PARQUET_SUFFIXES", "ROW_GROUP_ROWS", "ConversationLine", "OutRow",
            "RowKeys", "Sink", "ThreadLine", "Tokens", "TrainerSink", "atomic_sink",
@@ -262,17 +263,21 @@ def sink_factory(target: Path, fmt: ExportFormat, trainer: str | None = None,
 @contextlib.contextmanager
 def atomic_sink(target: Path, fmt: ExportFormat, trainer: str | None,
                 keys: RowKeys = NO_KEYS) -> Iterator[Sink]:
-    """A sink on a temporary file next to target, renamed over it only on success."""
+    """A sink on a temporary file next to target, renamed over it only on success. A temp
+    file that cannot be made, closed or renamed is the StorageError of target (the file the
+    user named)."""
     make = sink_factory(target, fmt, trainer, keys)
     if not target.parent.is_dir():
         raise ConfigError("--to", f"directory not found: {target.parent}")
     remove_stale_temps(target)
     tmp = temp_path(target)
-    sink = make(tmp)
+    with writing(target):
+        sink = make(tmp)
     try:
         yield sink
-        sink.close()
-        os.replace(tmp, target)
+        with writing(target):
+            sink.close()
+            os.replace(tmp, target)
     finally:
         with contextlib.suppress(Exception):
             sink.close()

@@ -78,7 +78,10 @@ async def probe_server(client: SGLangClient) -> tuple[dict[str, Any], dict[str, 
 async def serving_gpus(client: SGLangClient, server_info: Mapping[str, Any]) -> int | None:
     """The GPUs behind `client`: its /server_info's count, or for an sglang-router (whose
     /server_info names no parallelism, only `workers_count`) the first worker's count times
-    the workers; None when no server says."""
+    the workers; 0 for a server on the CPU (`device` "cpu": its cost is said in CPU-hours);
+    None when no server says."""
+    if str(server_info.get("device", "")).lower() == "cpu":
+        return 0
     gpus = gpu_count(server_info)
     if gpus is not None or "workers_count" not in server_info:
         return gpus

@@ -167,15 +167,16 @@ class RichView(LineView):
 def cost_line(summary: RunSummary, now: float | None = None) -> str:
     """The session's wall time and what is left of the job (at wall time `now`), each in
     GPU-hours when the GPU count is known: `cost: 2.0h x 8 GPUs = 16.0 GPU-hours this session;
-    left: 3.4h for 14,800,000 tokens at 1,210 tok/s = 27.2 GPU-hours`."""
+    left: 3.4h for 14,800,000 tokens at 1,210 tok/s = 27.2 GPU-hours`. A CPU server (0 GPUs:
+    `--gpus 0`) has hours, no GPU-hours."""
     gpus = summary.gpus
 
     def gpu_hours(seconds: float) -> str:
-        return "" if gpus is None else f" = {format_gpu_hours(seconds / 3600 * gpus)} GPU-hours"
+        return "" if not gpus else f" = {format_gpu_hours(seconds / 3600 * gpus)} GPU-hours"
 
     wall = summary.wall_seconds
-    spent = (f"{format_duration(wall)} x {format_gpus(gpus)}" if gpus is not None
-             else format_duration(wall))
+    spent = (f"{format_duration(wall)} x {format_gpus(gpus)}" if gpus
+             else f"{format_duration(wall)} on CPU" if gpus == 0 else format_duration(wall))
     text = f"cost: {spent}{gpu_hours(wall)} this session"
     tokens, seconds = summary.time_left(now)
     if seconds == 0:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.report.provenance import MANIFEST
+from workbench.rundir.storage import storage_error
 
 __all__ = ["INDEX", "Rendering", "latest_rendering", "prune", "renderings", "write_index"]
 
@@ -212,11 +213,17 @@ def index_html(out_dir: str | os.PathLike[str], now: float | None = None) -> str
 
 
 def write_index(out_dir: str | os.PathLike[str], now: float | None = None) -> Path:
-    """Write ``OUT/index.html`` (replaced whole); its path."""
+    """Write ``OUT/index.html`` (replaced whole); its path. StorageError naming it when it
+    cannot be written (no temp file is left)."""
     root = Path(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
     path = root / INDEX
     temporary = root / f".{INDEX}.tmp"
-    temporary.write_text(index_html(root, now), encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(index_html(root, now), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise storage_error(path, exc) from None
     return path

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.errors import ConfigError, ReportError
+from workbench.errors import ConfigError, ReportError, StorageError
 from workbench.report import index, provenance
 from workbench.report.jupyter import DATA_MIME, fast_jupyter_imports, report_kernel_env
 from workbench.report.parameters import (
@@ -53,6 +53,7 @@ from workbench.report.parameters import (
 )
 from workbench.resources import data_dir
 from workbench.rundir.run import check_run_dir
+from workbench.rundir.storage import DISK_ERRNOS, storage_error, writing
 from workbench.tokenizer import check_tokenizer_dir
 
 __all__ = [
@@ -141,6 +142,13 @@ def _kernel_manager_class() -> type:
             folder.mkdir(parents=True, exist_ok=True)
             return str(folder / f"workbench-{uuid.uuid4().hex[:12]}-ipc")  # socket path prefix
 
+        async def _async_interrupt_kernel(self) -> None:
+            """No SIGINT on the way out: jupyter_client interrupts before every shutdown,
+            which only makes the kernel print ``[IPKernelApp] ERROR | KeyboardInterrupt
+            caught in kernel`` into the report's output (the shutdown request stops it)."""
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
         @property
         def kernel_spec(self) -> KernelSpec:
             if self._kernel_spec is None:
@@ -154,7 +162,8 @@ def _kernel_manager_class() -> type:
 
 def _report_folder(out_dir: Path, name: str, now: float) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, 1000):
         folder = out_dir / (f"{name}-{stamp}" if attempt == 1 else f"{name}-{stamp}-{attempt}")
         try:
@@ -252,12 +261,20 @@ def _execute(name: str, notebook: Path, executed: Path, parameters: Mapping[str,
                 execution_timeout=timeout, kernel_manager_class=_kernel_manager_class())
     except PapermillExecutionError as exc:
         raise _failure(name, executed, exc) from None
-    except (RuntimeError, TimeoutError, OSError) as exc:  # a dead kernel, a cell timeout,
-        # a kernel that would not start (nbclient's errors derive from the first two)
-        first = next((line for line in str(exc).splitlines() if line.strip()), "")
-        raise ReportError(f"{name}: {_running_cell(executed)}execution failed: "
-                          f"{type(exc).__name__}: {first} "
-                          f"(executed notebook: {executed})") from None
+    except OSError as exc:
+        if exc.errno in DISK_ERRNOS:  # the executed notebook could not be written
+            raise storage_error(executed, exc) from None
+        raise _stopped(name, executed, exc) from None
+    except (RuntimeError, TimeoutError) as exc:  # a dead kernel, a cell timeout (nbclient's
+        raise _stopped(name, executed, exc) from None  # errors derive from these)
+
+
+def _stopped(name: str, executed: Path, exc: BaseException) -> ReportError:
+    """A run that stopped without a failed cell: a dead kernel, a cell timeout, a kernel
+    that would not start."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return ReportError(f"{name}: {_running_cell(executed)}execution failed: "
+                       f"{type(exc).__name__}: {first} (executed notebook: {executed})")
 
 
 def export_html(notebook: Any, html_path: str | os.PathLike[str], title: str) -> Path:
@@ -344,19 +361,21 @@ def run_report(
     changes = changes_since_latest(out_dir, planned)
     parameters = _complete(planned.notebook, planned.parameters, wall)
     folder = _report_folder(Path(out_dir), name, wall)
-    provenance.write_parameters(folder, parameters, name)
     extra = {"run": planned.run, "inputs_changed": None if changes is None else bool(changes)}
-    provenance.write_manifest(folder, name, planned.notebook, planned.files, wall, extra)
+    with writing(folder):
+        provenance.write_parameters(folder, parameters, name)
+        provenance.write_manifest(folder, name, planned.notebook, planned.files, wall, extra)
     executed = folder / f"{name}.ipynb"
     try:
         nb = _execute(name, planned.notebook, executed.resolve(), parameters, timeout)
     except BaseException as exc:  # a failed cell, Ctrl-C: said in report.json and the index
         _failed(folder, out_dir, exc)
         raise
-    provenance.finish_manifest(folder, {"cell_errors": _error_outputs(nb.cells)})
     ran = time.perf_counter()
     title = name.replace("_", " ").capitalize()
-    html_path = export_html(nb, folder / f"{name}.html", title)
+    with writing(folder):
+        provenance.finish_manifest(folder, {"cell_errors": _error_outputs(nb.cells)})
+        html_path = export_html(nb, folder / f"{name}.html", title)
     link_latest(folder, name)
     index.write_index(out_dir)
     done = time.perf_counter()
@@ -373,7 +392,7 @@ def _error_outputs(cells: list[Any]) -> int:
 def _failed(folder: Path, out_dir: str | os.PathLike[str], exc: BaseException) -> None:
     """Record why a rendering stopped and list it in the index (never raising over `exc`)."""
     reason = str(exc) if isinstance(exc, ReportError) else f"stopped: {type(exc).__name__}"
-    with contextlib.suppress(OSError, ConfigError):
+    with contextlib.suppress(OSError, ConfigError, StorageError):
         provenance.record_failure(folder, reason)
         index.write_index(out_dir)
 
