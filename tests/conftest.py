@@ -27,6 +27,7 @@ import pytest
 
 from workbench.cli import main as workbench_main
 from workbench.demo import start_simulator
+from workbench.rundir.records import PromptRecord, Record, encode_line
 from workbench.server.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,6 +186,34 @@ def text_prompts(folder: Path, count: int) -> Path:
             out.write(json.dumps({"sample_id": i, "text": f"{QUOTED} {text}" if i % 4 == 0
                                   else text}) + "\n")
     return path
+
+
+IM_END = 163586  # kimi-k2.5's end id
+
+
+def make_record(sample_id: Any, output_ids: list[int], *, mode: str | None = None,
+                turn: int | None = None, finish: str = "stop", prompt_tokens: int = 5,
+                ts: float = 1.75e9) -> Record:
+    """A flat record of `output_ids` (kimi-k2.5 ids; finished at its end id unless `finish`
+    says otherwise), with the optional `mode` and `turn` keys only when given."""
+    made = Record(sample_id=sample_id, output_ids=output_ids, prompt_tokens=prompt_tokens,
+                  completion_tokens=len(output_ids), cached_tokens=0, finish_reason=finish,
+                  matched_stop=IM_END if finish == "stop" else None, e2e_latency=1.0, ts=ts)
+    if mode is not None:
+        made.mode = mode
+    if turn is not None:
+        made.turn = turn
+    return made
+
+
+def write_records(folder: Path, records: list[Record],
+                  prompt_ids: Callable[[Record], list[int]] = lambda r: [1, 2, 3]) -> None:
+    """FOLDER/raw_responses.jsonl of `records` and a prompts.jsonl line (`prompt_ids`) each."""
+    folder.mkdir(parents=True)
+    (folder / "raw_responses.jsonl").write_bytes(b"".join(map(encode_line, records)))
+    prompts = [PromptRecord(sample_id=r.sample_id, input_ids=prompt_ids(r),
+                            turn=r.turn if isinstance(r.turn, int) else None) for r in records]
+    (folder / "prompts.jsonl").write_bytes(b"".join(map(encode_line, prompts)))
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ and a refused connection says the URL and the reason."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import stat
 from collections.abc import AsyncIterator
@@ -98,6 +99,20 @@ def test_a_reply_body_past_max_reply_bytes_is_a_protocol_error() -> None:
     assert asyncio.run(go(100))["text"] == "x" * 100  # type: ignore[index]
     with pytest.raises(ProtocolError, match=r"larger than 5000 bytes \(max_reply_bytes\)"):
         asyncio.run(go(20_000))
+
+
+def test_a_compressed_reply_is_read_once_decoded() -> None:
+    body = json.dumps({"text": "x" * 100, "meta_info": {}}).encode()
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=gzip.compress(body),
+                              headers={"content-encoding": "gzip"})
+
+    async def go() -> object:
+        async with SGLangClient("http://gpu:1", transport=httpx.MockTransport(reply)) as client:
+            return await client.generate_json({"text": "hi"})
+
+    assert asyncio.run(go()) == json.loads(body)
 
 
 def test_a_stream_line_past_max_reply_bytes_is_a_protocol_error() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import generate_run, jsonl, tool_turn_rows
+from conftest import generate_run, jsonl, make_record, tool_turn_rows
 
 from workbench.analyze.readback import record_detail
 from workbench.analyze.rules import RECORD_RULES, SEVERITY, RecordChecker, Thresholds, rule_bit
@@ -34,14 +34,7 @@ ANSWERED = [201, 202, 203, END]  # a direct reply
 
 def record(sid: Any, ids: list[int], mode: str | None, *, finish: str = "stop",
            turn: int | None = None) -> Record:
-    found = Record(sample_id=sid, output_ids=ids, prompt_tokens=5, completion_tokens=len(ids),
-                   cached_tokens=0, finish_reason=finish,
-                   matched_stop=END if finish == "stop" else None, e2e_latency=1.0, ts=1.75e9)
-    if mode is not None:
-        found.mode = mode
-    if turn is not None:
-        found.turn = turn
-    return found
+    return make_record(sid, ids, mode=mode, turn=turn, finish=finish)
 
 
 def plant(out: Path, records: list[Record], *, modes: list[dict[str, Any]] | None = None,

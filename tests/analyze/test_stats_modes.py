@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_record
 
 from workbench.analyze.stats import StatsCollector, collect_stats
 from workbench.analyze.stats_text import format_stats_table, render_stats
@@ -31,14 +32,8 @@ SAMPLE = "/deploy/requests.jsonl"
 
 
 def record(sid: int, tokens: int, mode: str | None, turn: int | None = None) -> Record:
-    made = Record(sample_id=sid, output_ids=[9] * (tokens - 1) + [END], prompt_tokens=4,
-                  completion_tokens=tokens, cached_tokens=0, finish_reason="stop",
-                  matched_stop=END, e2e_latency=1.0, ts=NOW - 10)
-    if mode is not None:
-        made.mode = mode
-    if turn is not None:
-        made.turn = turn
-    return made
+    return make_record(sid, [9] * (tokens - 1) + [END], mode=mode, turn=turn, prompt_tokens=4,
+                       ts=NOW - 10)
 
 
 def mixed_records() -> list[Record]:

@@ -98,9 +98,9 @@ def _report(benchmarks: list[str]) -> ValidationReport:
 def test_the_run_benchmarks_are_said_once_plainly(tmp_path: Path) -> None:
     bench = tmp_path / "tiny_bench.jsonl"
     gone = str(tmp_path / "old_bench.jsonl")
-    chosen = RunBenchmarks(None, BenchmarkChoice((str(bench),), recorded=True, gone=(gone,)),
-                           tuple(BenchmarkChoice((str(bench),), recorded=True, gone=(gone,)).notes())
-                           + ("ids not read",))
+    choice = BenchmarkChoice((str(bench),), recorded=True, gone=(gone,))
+    chosen = RunBenchmarks(None, choice, (*choice.notes(), "ids not read"),
+                           (*choice.gone_notes(), "ids not read"))
     text = format_report(_report(["tiny_bench"]), chosen)
     assert text.count("tiny_bench") == 1
     assert "\ncontamination: checked against tiny_bench (from run.json)\n" in text

@@ -10,11 +10,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import make_record, write_records
 
 from workbench.analyze import explore
 from workbench.analyze.validate import validate_run
 from workbench.report import plots
-from workbench.rundir.records import PromptRecord, Record, encode_line
+from workbench.rundir.records import Record
 
 TE, END = 163607, 163586
 MODES = [{"name": "think", "weight": 3, "chat_template_kwargs": {"thinking": True}, "sampling": {}},
@@ -24,20 +25,11 @@ ANSWERED = [201, 202, 203, END]  # a direct reply
 
 
 def record(sid: int, ids: list[int], mode: str | None) -> Record:
-    made = Record(sample_id=sid, output_ids=ids, prompt_tokens=5 + sid, completion_tokens=len(ids),
-                  cached_tokens=0, finish_reason="stop", matched_stop=END, e2e_latency=1.0,
-                  ts=1.75e9 + sid)
-    if mode is not None:
-        made.mode = mode
-    return made
+    return make_record(sid, ids, mode=mode, prompt_tokens=5 + sid, ts=1.75e9 + sid)
 
 
 def write(folder: Path, records: list[Record]) -> None:
-    folder.mkdir(parents=True)
-    (folder / "raw_responses.jsonl").write_bytes(b"".join(map(encode_line, records)))
-    (folder / "prompts.jsonl").write_bytes(b"".join(
-        encode_line(PromptRecord(sample_id=r.sample_id, input_ids=[1, 2, 3, r.sample_id]))
-        for r in records))
+    write_records(folder, records, lambda r: [1, 2, 3, int(r.sample_id)])
 
 
 def write_mixed_run(out: Path, *, modes: bool = True) -> Path:

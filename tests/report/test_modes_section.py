@@ -16,14 +16,14 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
-from conftest import ROOT
+from conftest import ROOT, make_record, write_records
 
 from workbench.analyze import explore
 from workbench.analyze.modes import REQUESTED, WRITTEN, mode_frames
 from workbench.analyze.stats import collect_stats
 from workbench.report import plots
 from workbench.report.plots import Rendered
-from workbench.rundir.records import PromptRecord, Record, encode_line
+from workbench.rundir.records import Record
 
 THINK_END, IM_END = 163607, 163586
 T0 = 1_750_000_000.0
@@ -51,21 +51,11 @@ def reply(reasoning: int, answer: int, mode: str) -> list[int]:
 
 
 def record(sid: Any, ids: list[int], mode: str | None, ts: float, turn: int | None = None) -> Record:
-    made = Record(sample_id=sid, output_ids=ids, prompt_tokens=12, completion_tokens=len(ids),
-                  cached_tokens=0, finish_reason="stop", matched_stop=IM_END, e2e_latency=1.0,
-                  ts=ts)
-    if mode is not None:
-        made.mode = mode
-    if turn is not None:
-        made.turn = turn
-    return made
+    return make_record(sid, ids, mode=mode, turn=turn, prompt_tokens=12, ts=ts)
 
 
 def write(folder: Path, records: list[Record]) -> None:
-    folder.mkdir(parents=True)
-    (folder / "raw_responses.jsonl").write_bytes(b"".join(map(encode_line, records)))
-    prompts = [PromptRecord(sample_id=r.sample_id, input_ids=[1, 2, 3]) for r in records]
-    (folder / "prompts.jsonl").write_bytes(b"".join(map(encode_line, prompts)))
+    write_records(folder, records)
 
 
 def write_run(out: Path, *, modes: bool = True) -> Path:

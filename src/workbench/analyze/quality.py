@@ -91,11 +91,13 @@ MIN_REPLY_IDS = 32  # shorter replies ("4", "Yes.") are alike by nature: their p
 class RunBenchmarks(NamedTuple):
     """The benchmarks a command looks for (`decontaminate`: None when none), how they were
     chosen (`choice`: given or run.json's, the recorded files that are gone) and what to
-    tell of it (`notes`: lines for a user who did not name them)."""
+    tell of it (`notes`: lines for a user who did not name them; `actions`: those of them
+    that ask for something, a file gone or the ids not read)."""
 
     decontaminate: Decontamination | None
     choice: BenchmarkChoice
     notes: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ()
 
 
 def run_benchmarks(run: RunInfo, files: Sequence[str] | None, *, field: str | None = None,
@@ -109,20 +111,22 @@ def run_benchmarks(run: RunInfo, files: Sequence[str] | None, *, field: str | No
     installed, moved), are looked for in text prompts only, and a note says so; ConfigError
     instead with `whole` (what must not miss a record: export) or benchmarks given."""
     choice = choose_benchmarks(run.manifest, files, field, ngram)
-    notes = choice.notes()
+    notes, actions = choice.notes(), choice.gone_notes()
     if not choice.files:
-        return RunBenchmarks(None, choice, tuple(notes))
+        return RunBenchmarks(None, choice, tuple(notes), tuple(actions))
     try:
         reader = run_tokenizer(run, tokenizer, trust_remote_code)
     except ConfigError as exc:
         if whole or not choice.recorded or tokenizer is not None:
             raise
         reader = None
-        notes.append(f"the run's benchmarks are looked for in text prompts only, not in ids: "
-                     f"{exc} (pass --tokenizer DIR)")
+        partial = (f"the run's benchmarks are looked for in text prompts only, not in ids: "
+                   f"{exc} (pass --tokenizer DIR)")
+        notes.append(partial)
+        actions.append(partial)
     decontaminate = Decontamination.load(choice.files, field=choice.field, ngram=choice.ngram,
                                          tokenizer=reader)
-    return RunBenchmarks(decontaminate, choice, tuple(notes))
+    return RunBenchmarks(decontaminate, choice, tuple(notes), tuple(actions))
 
 
 def run_tokenizer(run: RunInfo, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:

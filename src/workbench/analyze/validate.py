@@ -102,9 +102,7 @@ def benchmark_notes(benchmarks: RunBenchmarks) -> list[str]:
     """The notes of how the benchmarks were chosen that ask for something (a recorded file
     gone, ids not read), without the one saying run.json's were taken
     (:func:`contamination_line` says that)."""
-    choice = benchmarks.choice
-    said = choice.notes()
-    return [*choice._replace(files=()).notes(), *benchmarks.notes[len(said):]]
+    return list(benchmarks.actions)
 
 
 def _format_finding(finding: Finding) -> str:

@@ -151,8 +151,9 @@ class Runner:
         profile = get_profile(self.plan.manifest.model_profile)
         for planned in self.plan.open():
             folder = planned.folder
+            modes = [mode.name for mode in planned.spec.mode_list()] or [None]
             reasoning = any(reasoning_expected(profile, planned.spec.template_kwargs(mode))
-                            for mode in [m.name for m in planned.spec.mode_list()] or [None])
+                            for mode in modes)  # some mode's replies reason: split them
             figures = FigureAppender(folder.folder, profile.think_end if reasoning else None,
                                      sketch.DEFAULT_REPEAT_NGRAM,
                                      decontaminate=self._decontaminate)

@@ -135,9 +135,13 @@ class BenchmarkChoice(NamedTuple):
         names = ", ".join(Path(p).name for p in self.files)
         taken = ([f"looking for the run's benchmarks (run.json): {names} (--no-decontaminate: none)"]
                  if self.recorded and self.files else [])
-        gone = [(f"{path}: a benchmark of this run (run.json) that is no longer there, so it "
+        return taken + self.gone_notes()
+
+    def gone_notes(self) -> list[str]:
+        """One line per recorded file left out, saying how to look for it again (the notes
+        that ask the user for something)."""
+        return [(f"{path}: a benchmark of this run (run.json) that is no longer there, so it "
                  "is not looked for (pass --decontaminate with its new place)") for path in self.gone]
-        return taken + gone
 
 
 def benchmarks_record(choice: BenchmarkChoice) -> dict[str, Any] | None:

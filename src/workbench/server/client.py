@@ -531,13 +531,22 @@ class SGLangClient:
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The reply with its body read, at most `max_reply_bytes` of it (a ProtocolError past)."""
         try:
-            async with self._http.stream(method, self._absolute_url(path), **kwargs) as response:
-                response._content = await self._bounded_body(response, path)
+            async with self._http.stream(method, self._absolute_url(path), **kwargs) as streamed:
+                response = await self._read_bounded(streamed, path)
         except httpx.TransportError as exc:
             raise _map_transport_error(exc, self._url(path)) from None
         if response.status_code >= 300:
             raise_for_status(response, self._url(path))
         return response
+
+    async def _read_bounded(self, response: httpx.Response, path: str) -> httpx.Response:
+        """The streamed reply as a read one: its body read in pieces, so that a body that
+        never ends costs `max_reply_bytes` (a ProtocolError past it)."""
+        body = await self._bounded_body(response, path)  # decoded (gzip, br, ...) already
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length")]
+        return httpx.Response(response.status_code, headers=headers, content=body,
+                              request=response.request, extensions=response.extensions)
 
     async def _bounded_body(self, response: httpx.Response, path: str) -> bytes:
         """The body, read in pieces so that one that never ends costs `max_reply_bytes`."""
@@ -608,8 +617,7 @@ class SGLangClient:
         try:
             async with self._http.stream("POST", "/generate", json=body) as response:
                 if response.status_code >= 300:
-                    response._content = await self._bounded_body(response, "/generate")
-                    raise_for_status(response, url)
+                    raise_for_status(await self._read_bounded(response, "/generate"), url)
                 async for chunk in self._iter_sse(response, url, timer):
                     yield chunk
         except httpx.TransportError as exc:
