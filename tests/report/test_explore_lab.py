@@ -89,6 +89,14 @@ def _figures(page: Any) -> list[dict[str, Any]]:
     }}))""")
 
 
+def _page_state(page: Any) -> dict[str, Any]:
+    """What the notebook shows, for a failure's message: each figure's traces and the text of
+    every error or stderr output."""
+    return {"figures": _figures(page), "errors": page.evaluate("""() => [...document.querySelectorAll(
+        '.jp-Notebook .jp-OutputArea-output[data-mime-type*="stderr"], .jp-Notebook .jp-OutputArea-output[data-mime-type*="error"]')]
+        .map(n => n.textContent.slice(0, 2000))""")}
+
+
 def _wait_for_figures(page: Any, expected: list[dict[str, Any]]) -> None:
     """Until the figures are drawn as `expected` (a _figures result): heights, traces, notes."""
     drawn: list[Any] = []
@@ -178,9 +186,9 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
             page.locator(".jp-Notebook .js-plotly-plot").nth(2).wait_for()
             reset = page.locator(".jp-Notebook button", has_text="Reset filters")
             reset.wait_for()
-            page.wait_for_function(f"""() => {PLOTS}[0] && {PLOTS}[0].data &&
-                ['chat', 'ids'].every(n => {PLOTS}[0].data.some(t => t.name === n))""")
-            assert {"chat", "ids"} <= set(_trace_names(page, 0))
+            wait_until(lambda: {"chat", "ids"} <= set(_trace_names(page, 0)), TIMEOUT_MS / 1000,
+                       lambda: f"both datasets drawn in the first figure: {_page_state(page)}",
+                       interval=0.5)
 
             # the controls and the first figure fit on one 1400x900 screen
             page.locator(".jp-Notebook .widget-checkbox", has_text="chat").first.scroll_into_view_if_needed()
