@@ -2,7 +2,7 @@
 
     python bench/dedup.py [--rows 20000] [--planted 1000] [--seed 0] [--repeat 3]
                           [--shingle N] [--num-perm N] [--threshold X] [--boilerplate 0.3]
-                          [--sweep] [--scale-rows 100000]
+                          [--sweep] [--scale-rows 100000] [--prompts 20000]
 
 Replies of 300-3,000 ids drawn from a Zipf-ish vocabulary (weight 1 / (rank + 2.7) ** 1.1 over
 163,840 ids), and `--planted` copies of distinct replies with 5-10% of their ids changed
@@ -18,6 +18,17 @@ rows. `--sweep` also prints recall and false positives over a grid of shingle, n
 threshold.
 Targets: recall >= 0.95 and false positives <= 1% at the defaults; near_duplicates on 100k
 rows well under a second.
+
+Prompts (`--prompts N`, 0 to skip): N questions of 40-80 words (word hashes, the same
+vocabulary) under one shared template of 300 words (250 before the question, as a system
+prompt with tool schemas, 50 after, as a chat template's end), 5% of them planted copies of
+earlier questions with one to three words changed at random places; and N prompts of 60
+words with no template, 5% copies with one word changed. Each compared as before (whole
+prompts, threshold 0.9) and as now (the dataset's template left out,
+`workbench.sketch.template_shingles` over the first 1,000, threshold PROMPT_THRESHOLD): the
+recall of the planted copies and the share of distinct prompts flagged, and the time of the
+template and the signatures against whole-prompt signatures. Targets: recall >= 0.95 in
+both, distinct prompts flagged <= 1%.
 """
 
 from __future__ import annotations
@@ -34,10 +45,13 @@ from workbench.sketch import (
     DEFAULT_NUM_PERM,
     DEFAULT_SHINGLE,
     DEFAULT_THRESHOLD,
+    PROMPT_THRESHOLD,
+    TEMPLATE_ROWS,
     digest,
     near_duplicates,
     repeat_share,
     signatures,
+    template_shingles,
 )
 
 VOCAB = 163_840
@@ -207,6 +221,69 @@ def scale(rows: int, shingle: int, num_perm: int, threshold: float, repeat: int,
           f"(recall {recall:.3f}, unrelated flagged {false_positive:.3%})")
 
 
+OLD_PROMPT_THRESHOLD = 0.9  # whole prompts compared, before templates were left out
+
+
+def make_prompts(count: int, seed: int, template: int, shortest: int, longest: int,
+                 changes: tuple[int, int]) -> Replies:
+    """`count` prompts, 5% of them copies of earlier questions with `changes` words changed
+    (distinct places), each question between the first 250 and the rest of a shared template
+    of `template` words (none when 0)."""
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng)
+    planted = count // 20
+    questions = [draw(rng, vocab, int(n)) for n in rng.integers(shortest, longest + 1, count - planted)]
+    sources = np.sort(rng.choice(len(questions), planted, replace=False))
+    for source in sources:
+        copy = questions[source].copy()
+        where = rng.choice(len(copy), int(rng.integers(changes[0], changes[1] + 1)), replace=False)
+        copy[where] = draw(rng, vocab, len(where))
+        questions.append(copy)
+    shared = draw(rng, vocab, template)
+    head, tail = shared[:min(250, template)], shared[min(250, template):]
+    rows = [np.concatenate([head, q, tail]) for q in questions]
+    pairs = np.stack([sources, len(questions) - planted + np.arange(planted)], axis=1)
+    return Replies(rows, pairs)
+
+
+def prompt_figures(prompts: Replies, whole: bool) -> tuple[np.ndarray, float]:
+    """(partner of each prompt, seconds): compared whole at the old threshold, or without the
+    template of the first TEMPLATE_ROWS at PROMPT_THRESHOLD."""
+    start = time.perf_counter()
+    if whole:
+        sigs = kept(signatures(prompts.ids, prompts.starts, prompts.ends))
+    else:
+        first = min(TEMPLATE_ROWS, len(prompts))
+        template = template_shingles(prompts.ids, prompts.starts[:first], prompts.ends[:first])
+        sigs = kept(signatures(prompts.ids, prompts.starts, prompts.ends, exclude=template.shingles))
+    took = time.perf_counter() - start
+    return near_duplicates(sigs, OLD_PROMPT_THRESHOLD if whole else PROMPT_THRESHOLD), took
+
+
+def prompt_bench(count: int, seed: int, repeat: int) -> bool:
+    """The prompts' figures (module docstring); whether the targets are met."""
+    cases = {"under a 300-word template, 40-80 words, 1-3 changed":
+             make_prompts(count, seed, 300, 40, 80, (1, 3)),
+             "no template, 60 words, 1 changed": make_prompts(count, seed + 1, 0, 60, 60, (1, 1))}
+    print(f"\nprompts ({count:,} each, 5% planted copies): recall / distinct flagged / time")
+    met = True
+    for label, prompts in cases.items():
+        results = {}
+        for whole in (True, False):
+            partner, _ = prompt_figures(prompts, whole)
+            took = best(lambda whole=whole: prompt_figures(prompts, whole), repeat)
+            results[whole] = (*scores(prompts, partner), took)
+        (old_recall, old_false, old_time), (recall, false, took) = results[True], results[False]
+        print(f"  {label}")
+        print(f"    whole prompts at {OLD_PROMPT_THRESHOLD}:      recall {old_recall:6.3f}  "
+              f"flagged {old_false:7.3%}  {old_time * 1000:7.1f} ms")
+        print(f"    without the template at {PROMPT_THRESHOLD}: recall {recall:6.3f}  "
+              f"flagged {false:7.3%}  {took * 1000:7.1f} ms ({took / old_time:.2f}x)")
+        met = met and recall >= RECALL_TARGET and false <= FALSE_POSITIVE_TARGET
+    print(f"prompt targets: {'met' if met else 'MISSED'}")
+    return met
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
@@ -219,7 +296,10 @@ def main() -> None:
     parser.add_argument("--boilerplate", type=float, default=0.3)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--scale-rows", type=int, default=100_000)
+    parser.add_argument("--prompts", type=int, default=20_000)
     args = parser.parse_args()
+    if args.prompts:
+        prompt_bench(args.prompts, args.seed, args.repeat)
     replies = make_replies(args.rows, args.planted, args.seed, boilerplate=args.boilerplate)
     million = len(replies.ids) / 1e6
     print(f"{len(replies):,} replies, {len(replies.ids):,} ids, {args.planted:,} planted copies; "

@@ -79,10 +79,9 @@ CONTEXT_FIT_MIN_TOKENS = 256  # the fewest new tokens a cut request may keep, by
 DedupMode = Literal["exact", "near", "off"]
 # As the YAML writes it: YAML 1.1 reads a bare `off` (or `no`) as false, which means "off".
 _DedupSetting = DedupMode | bool
-# The estimated Jaccard similarity from which two prompts are near copies: high, because
-# prompts of a dataset share a template (system prompt, tool schemas, chat template) that
-# makes different questions alike (at 0.5 most of a templated dataset would be skipped).
-DEDUP_THRESHOLD = 0.9
+# The estimated Jaccard similarity from which two prompts are near copies, on what their
+# dataset's template (system prompt, tool schemas, chat markers) leaves: sketch.PROMPT_THRESHOLD.
+DEDUP_THRESHOLD = 0.55
 Threshold = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]

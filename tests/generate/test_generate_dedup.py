@@ -135,10 +135,10 @@ async def test_duplicates_across_and_within_datasets_are_never_sent(tmp_path: Pa
     for name, expected in EXPECTED_NEAR.items():
         assert jsonl(out / name / "skipped.jsonl") == expected
     record = json.loads((out / "run.json").read_text())["datasets"]
-    assert record["b"]["dedup"] == {"mode": "near", "threshold": 0.9, "skipped": 3, "exact": 2,
+    assert record["b"]["dedup"] == {"mode": "near", "threshold": 0.55, "skipped": 3, "exact": 2,
                                     "near": 1}
     assert record["b"]["prompts"] == 4
-    assert "[a] dedup: 1 exact, 1 near duplicates skipped (listed in " \
+    assert "[a] dedup: 1 exact, 1 near duplicates skipped (compared: whole prompts) (listed in " \
            f"{out / 'a' / 'skipped.jsonl'})" in events
     assert "[b] dedup: 2 exact, 1 near duplicates skipped" in " ".join(events)
     findings = validate_run(out, workers=1)
@@ -214,7 +214,7 @@ async def test_a_finished_copy_is_kept_and_its_unfinished_original_skipped(tmp_p
                              "of": {"dataset": "a", "sample_id": 10}}}  # not a/10, finished
     assert not (out / "b/skipped.jsonl").exists()  # every copy in b finished: all kept
     assert summary.datasets["a"].target == summary.datasets["a"].done == 9
-    assert "[a] dedup changed from off to near (0.9) since the earlier session: duplicates " \
+    assert "[a] dedup changed from off to near (0.55) since the earlier session: duplicates " \
            "found anew, finished samples kept" in events
 
 

@@ -8,9 +8,11 @@ The per-record degeneracy rules (``repetition``, ``special_heavy``) are
                                      words) equals an earlier prompt's, in this dataset or an
                                      earlier one: the budget spent twice (prompts)
     near_duplicate_prompt  info      a prompt whose MinHash estimate of shingle Jaccard with an
-                                     earlier one is near_duplicate_prompt_threshold (0.9) or
-                                     more: high, as a dataset's template (system prompt, tool
-                                     schemas) makes different questions alike (prompts)
+                                     earlier one is near_duplicate_prompt_threshold (0.55) or
+                                     more, compared on what varies: without the shingles
+                                     template_share (half) of its dataset's first prompts hold,
+                                     their template (system prompt, tool schemas, chat markers;
+                                     :mod:`workbench.sketch.template`) (prompts)
     duplicate_reply        warning   a reply whose output ids equal an earlier reply's (raw)
     near_duplicate_reply   info      a reply nearly equal to an earlier one (estimated Jaccard of
                                      near_duplicate_threshold, 0.5, or more): templated answers
@@ -80,7 +82,7 @@ __all__ = [
     "run_tokenizer",
 ]
 
-QUALITY_VERSION = 6  # bump when the kept figures change meaning
+QUALITY_VERSION = 7  # bump when the kept figures change meaning
 
 DATA_RULES = ("duplicate_prompt", "near_duplicate_prompt", "duplicate_reply",
               "near_duplicate_reply", "contaminated_prompt", "contaminated_reply")
@@ -191,7 +193,7 @@ def data_findings(run: RunInfo, scans: Sequence[FileScan], thresholds: Threshold
     """Per dataset, the tallies of the run-level rules: (file, tally) pairs for the findings.
     `prompts`: the :func:`prompt_figures` of the run when they were read already."""
     if prompts is None:
-        prompts = prompt_figures(run, decontaminate, cache=cache)
+        prompts = prompt_figures(run, decontaminate, cache=cache, share=thresholds.template_share)
     flags = _flags(run, scans, thresholds, decontaminate, prompts, cache)
     found: dict[str, list[tuple[str, Tally]]] = {}
     for ds in run.datasets:
@@ -211,7 +213,8 @@ def flagged_samples(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresho
     flagged prompts and single-turn replies, the (sample id, turn) of flagged replies of a
     conversation regenerated turn by turn."""
     flags = _flags(run, scans, thresholds, decontaminate,
-                   prompt_figures(run, decontaminate, cache=cache), cache)
+                   prompt_figures(run, decontaminate, cache=cache,
+                                  share=thresholds.template_share), cache)
     turns = {ds.name: _line_turns(scan.columns) for ds, scan in zip(run.datasets, scans,
                                                                       strict=True)}
     return {name: {rule: {_flagged(sid, None if rule.endswith("_prompt")
@@ -255,14 +258,17 @@ def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontami
     key = cache_key("quality-prompt-flags", QUALITY_VERSION,
                     thresholds.near_duplicate_prompt_threshold,
                     None if decontaminate is None else decontaminate.key,
-                    [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].figures.line))
+                    [(ds.name, file_stamp(ds.prompts_path), len(figures[ds.name].figures.line),
+                      figures[ds.name].figures.template_of().key)
                      for ds in run.datasets if ds.name in figures])
     kept = _PROMPT_FLAGS.load(run.out, key) if cache else None
     if kept is not None:
         return kept
     flags: _Flags = {}
     prompts = _prompt_rows(run, figures)
-    _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags)
+    compared = {name: found.figures.template_of() for name, found in figures.items()}
+    _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags,
+             {name: _compared(name, template) for name, template in compared.items()})
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
     if cache:
         _PROMPT_FLAGS.save(run.out, key, flags)
@@ -319,9 +325,19 @@ def _picked(values: Sequence[Any], at: list[int]) -> list[Any]:
     return list(values) if len(at) == len(values) else [values[i] for i in at]
 
 
-def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags) -> None:
+def _compared(name: str, template: sketch.Template) -> str:
+    """What a near-duplicate prompt of dataset `name` was compared on, in a few words."""
+    if not len(template.shingles):
+        return "whole prompts compared"
+    return (f"compared without {name}'s template ({len(template.shingles):,} shingles "
+            f"{template.share:.0%}+ of its prompts hold)")
+
+
+def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags,
+             compared: Mapping[str, str] | None = None) -> None:
     """Flag exact, then near duplicates among rows (a row exactly equal to an earlier one is
-    not told again as near)."""
+    not told again as near); `compared`: per dataset, what its near duplicates were compared
+    on, told with each."""
     if not len(rows.line):
         return
     exact = sketch.exact_duplicates(rows.digest)
@@ -332,6 +348,8 @@ def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags) -> None:
         where = f"{rows.dataset[other]} {key_text(rows.sample_id[other], rows.turn[other])}"
         kind = "same as" if exact[index] >= 0 else "nearly the same as"
         detail = f"{key_text(rows.sample_id[index], rows.turn[index])}: {kind} {where}"
+        if compared and exact[index] < 0 and rows.dataset[index] in compared:
+            detail += f" ({compared[rows.dataset[index]]})"
         _flag(flags, rows, index, rule, detail)
 
 
@@ -373,14 +391,15 @@ def _holding(rows: _Rows, name: str, bit: int) -> int:
 
 
 def prompt_figures(run: RunInfo, decontaminate: Decontamination | None = None, *,
-                   cache: bool = True, kept: bool | None = None) -> dict[str, PromptRows]:
+                   cache: bool = True, kept: bool | None = None,
+                   share: float = sketch.DEFAULT_TEMPLATE_SHARE) -> dict[str, PromptRows]:
     """The figures of each dataset's prompts.jsonl (those without one left out), and their
     benchmark overlaps: read while the scan's workers read the replies, on a machine with
     cores to spare. Generate keeps them as it writes the file (the overlaps when it was given
     the benchmarks); with `kept` (default `cache`) those kept are taken, and what is read
-    is kept in turn."""
+    is kept in turn. `share`: the template's (:func:`workbench.rundir.figures.prompt_figures`)."""
     kept = cache if kept is None else kept
-    return {ds.name: prompt_rows(ds.prompts_path, decontaminate, kept)
+    return {ds.name: prompt_rows(ds.prompts_path, decontaminate, kept, share=share)
             for ds in run.datasets if ds.prompts_path.is_file()}
 
 

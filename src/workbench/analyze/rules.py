@@ -201,8 +201,9 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ids inside a repeated `repetition_ngram`-gram reaches `repetition_share`,
     `special_heavy` when its special ids reach `special_share` of it.
     `near_duplicate_threshold` is the estimated Jaccard similarity from which two replies are
-    near duplicates, `near_duplicate_prompt_threshold` two prompts (higher: a dataset's
-    template makes its prompts alike; :mod:`workbench.analyze.quality`)."""
+    near duplicates, `near_duplicate_prompt_threshold` two prompts, compared without their
+    dataset's template: the shingles `template_share` of its prompts hold
+    (:mod:`workbench.sketch.template`, :mod:`workbench.analyze.quality`)."""
 
     truncated_error_rate: float = 0.05
     empty_output_error_rate: float = 0.01
@@ -222,7 +223,8 @@ class Thresholds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     repetition_ngram: int = sketch.DEFAULT_REPEAT_NGRAM
     special_share: float = 0.2
     near_duplicate_threshold: float = sketch.DEFAULT_THRESHOLD
-    near_duplicate_prompt_threshold: float = 0.9
+    near_duplicate_prompt_threshold: float = sketch.PROMPT_THRESHOLD
+    template_share: float = sketch.DEFAULT_TEMPLATE_SHARE
 
     def record_limits(self) -> tuple[float, int, float]:
         """What the per-record degeneracy rules depend on (a cached scan's key holds them)."""

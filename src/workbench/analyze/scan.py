@@ -122,7 +122,7 @@ def scan_run(
         with _job_runner(jobs, workers) as results:
             prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
             figures = prompt_figures(run, decontaminate, cache=cache,  # meanwhile too
-                                     kept=use_figures)
+                                     kept=use_figures, share=thresholds.template_share)
             scans = _merged(results, owners, files)
         if cache:
             _save(files, scans, owners)

@@ -73,7 +73,10 @@ def add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _add_near_threshold(p: argparse.ArgumentParser) -> None:
     p.add_argument("--near-threshold", type=share, default=0.5,
                    help="estimated Jaccard similarity from which replies are near duplicates "
-                        "(0.5; prompts: 0.9)")
+                        "(0.5; prompts: 0.55, on what their template leaves)")
+    p.add_argument("--template-share", type=share, default=0.5,
+                   help="a prompt shingle held by this share of a dataset's first 1,000 "
+                        "prompts is its template, left out before prompts are compared (0.5)")
 
 
 
@@ -97,7 +100,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         for note in benchmark_notes(benchmarks):
             print(f"workbench: note: {note}", file=sys.stderr)
     decontaminate = benchmarks.decontaminate
-    thresholds = Thresholds(near_duplicate_threshold=args.near_threshold)
+    thresholds = Thresholds(near_duplicate_threshold=args.near_threshold,
+                            template_share=args.template_share)
     report = validate_run(args.out, model_profile=args.model_profile, only=args.only,
                           workers=args.workers, thresholds=thresholds, decontaminate=decontaminate)
     print(msgspec.json.encode(report.to_builtins()).decode() if args.json
@@ -195,6 +199,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             reasoning=args.reasoning, keep_truncated=args.keep_truncated,
                             decontaminate=args.decontaminate,
                             benchmark_field=args.benchmark_field, ngram=args.ngram,
-                            near_threshold=args.near_threshold)
+                            near_threshold=args.near_threshold,
+                            template_share=args.template_share)
     print(format_summary(export_run(args.out, args.to, options)))
     return 0

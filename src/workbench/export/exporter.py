@@ -351,7 +351,8 @@ def _flag_run_drops(out: str | os.PathLike[str], sources: Sequence[Source],
     decontaminate = None
     if "contaminated" in options.drop:
         decontaminate = _drop_benchmarks(load_run(out), options)
-    thresholds = Thresholds(near_duplicate_threshold=options.near_threshold)
+    thresholds = Thresholds(near_duplicate_threshold=options.near_threshold,
+                            template_share=options.template_share)
     # every dataset, --only or not: a copy in an earlier dataset makes a record a duplicate
     scan = scan_run(out, model_profile=options.model_profile, thresholds=thresholds,
                     decontaminate=decontaminate)

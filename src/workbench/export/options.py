@@ -9,7 +9,7 @@ import msgspec
 
 from workbench.analyze.rules import RECORD_RULES
 from workbench.export.trainers import TrainerReport
-from workbench.sketch import DEFAULT_THRESHOLD
+from workbench.sketch import DEFAULT_TEMPLATE_SHARE, DEFAULT_THRESHOLD
 
 __all__ = ["DROP_REASONS", "DatasetExport", "ExportFormat", "ExportOptions", "ExportSummary",
            "ReasoningCarry"]
@@ -41,7 +41,8 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     ("duplicate"), equal or nearly equal ("near_duplicate"), prompts or replies holding an
     n-gram of a benchmark of `decontaminate`, by default the ones generate was given
     ("contaminated"; `benchmark_field` names the benchmark files' prompt field, `ngram` the
-    n); `near_threshold` is the estimated Jaccard similarity of near duplicates.
+    n); `near_threshold` is the estimated Jaccard similarity of near duplicates,
+    `template_share` the share of a dataset's prompts from which a shingle is template.
     `only_mode`: keep the records of these modes only (a dataset that mixes modes; the
     others are counted as ``other_mode``). `limit`: rows per dataset at most. `shuffle`: mix the rows of all
     datasets in an order drawn from `seed`. `tokenizer` overrides the manifest's (text
@@ -72,6 +73,7 @@ class ExportOptions(msgspec.Struct, frozen=True, kw_only=True):
     benchmark_field: str | None = None  # None: the run's, else the first known field
     ngram: int | None = None  # None: the run's, else 13
     near_threshold: float = DEFAULT_THRESHOLD
+    template_share: float = DEFAULT_TEMPLATE_SHARE
 
     def drop_rules(self) -> tuple[str, ...]:
         """The rules whose failing records are left out: conversations also leave out

@@ -9,8 +9,11 @@ punctuation stripped). Two prompts are
     exact_duplicate   when their contents have the same 64-bit digest (BLAKE2b)
     near_duplicate    (``dedup: near`` only) when the MinHash estimate of the Jaccard
                       similarity of their shingles (3 ids or words, 128 entries: the
-                      sketch's defaults) reaches ``dedup_threshold`` (0.9 by default); an
-                      exact copy is still called an exact one
+                      sketch's defaults) reaches ``dedup_threshold`` (0.55 by default),
+                      compared on what varies: each dataset's template (the shingles half
+                      of its first 1,000 prompts hold: a system prompt, tool schemas, the
+                      chat template's markers; :mod:`workbench.sketch.template`) left out;
+                      an exact copy is still called an exact one
 
 Datasets are checked in manifest order, each against the prompts the datasets before it keep
 (those they send or sent; ``dedup: off`` on a dataset sends all of its own and still counts as
@@ -90,11 +93,12 @@ class Skipped(msgspec.Struct):
 class Sketches(NamedTuple):
     """A dataset's prompts as the comparison sees them, one row each: the content's digest,
     its MinHash signature (None when no dataset compares near copies) and whether it has no
-    content at all."""
+    content at all; and the template the signatures leave out."""
 
     digests: U64
     signatures: U64 | None
     empty: npt.NDArray[np.bool_]
+    template: sketch.Template | None = None
 
 
 # ------------------------------------------------------------------------------ sketches
@@ -135,24 +139,28 @@ def _flatten(prompts: Sequence[Prompt]) -> tuple[U64, I64, I64]:
 
 
 def sketch_prompts(prompts: Sequence[Prompt], near: bool) -> Sketches:
-    """The digests of `prompts` (and with `near` their signatures), a block at a time."""
+    """The digests of `prompts` (and with `near` their signatures, without the template of
+    their first TEMPLATE_ROWS), a block at a time."""
     digests: list[U64] = []
     signatures: list[U64] = []
     empty: list[npt.NDArray[np.bool_]] = []
+    template = sketch.template_shingles(*_flatten(prompts[:sketch.TEMPLATE_ROWS]),
+                                        shingle=SHINGLE) if near else None
     for block in _blocks(prompts):
         flat, starts, ends = _flatten(block)
         digests.append(sketch.digest(flat, starts, ends))
         if near:
             signatures.append(np.asarray(
                 sketch.signatures(flat, starts, sketch.clipped(starts, ends), shingle=SHINGLE,
-                                  num_perm=NUM_PERM),
+                                  num_perm=NUM_PERM,
+                                  exclude=None if template is None else template.shingles),
                 dtype=np.uint64))
         empty.append(ends == starts)
     return Sketches(
         _concat(digests, np.uint64),
         (np.concatenate(signatures) if signatures else np.zeros((0, NUM_PERM), np.uint64))
         if near else None,
-        _concat(empty, np.bool_))
+        _concat(empty, np.bool_), template)
 
 
 def _concat(parts: list[Any], dtype: Any) -> Any:
@@ -231,6 +239,7 @@ class Deduper:
                               np.zeros(0, np.bool_))
         self._owners: list[tuple[str, SampleId]] = []
         self._checked: tuple[str, Sequence[Prompt], Sketches] | None = None
+        self.templates: dict[str, sketch.Template] = {}  # per dataset checked with signatures
 
     def check(self, name: str, mode: DedupMode, prompts: Sequence[Prompt],
               finished: Container[SampleId] = frozenset()) -> list[Skipped]:
@@ -239,6 +248,8 @@ class Deduper:
         skipped (see the module docstring)."""
         new = sketch_prompts(prompts, self.near)
         self._checked = (name, prompts, new)
+        if new.template is not None:
+            self.templates[name] = new.template
         parent = _parents(mode, self.threshold, self._kept, new)
         offset = len(self._kept.digests)
         full_parent = np.concatenate([np.full(offset, -1, np.int64), parent])
@@ -296,10 +307,12 @@ def _counts(skipped: Sequence[Skipped]) -> tuple[int, int]:
     return exact, len(skipped) - exact
 
 
-def dedup_line(skipped: Sequence[Skipped]) -> str:
-    """`dedup: 3 exact, 2 near duplicates skipped`."""
+def dedup_line(skipped: Sequence[Skipped], template: sketch.Template | None = None) -> str:
+    """`dedup: 3 exact, 2 near duplicates skipped`, and with `template` what the near ones
+    were compared on."""
     exact, near = _counts(skipped)
-    return f"dedup: {exact:,} exact, {near:,} near duplicates skipped"
+    compared = f" (compared: {template.text()})" if template is not None else ""
+    return f"dedup: {exact:,} exact, {near:,} near duplicates skipped{compared}"
 
 
 def dedup_record(mode: DedupMode, threshold: float, skipped: Sequence[Skipped]) -> dict[str, Any]:

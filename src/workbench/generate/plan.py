@@ -92,6 +92,7 @@ from workbench.rundir.manifest import dataset_entries, read_manifest
 from workbench.rundir.records import SampleId
 from workbench.rundir.storage import storage_error
 from workbench.server.client import DEFAULT_REQUEST_TIMEOUT
+from workbench.sketch import Template
 
 __all__ = ["GenerateOptions", "Plan", "PlannedDataset", "ServerFacts", "limit", "mode_draw",
            "model_name", "send_order"]
@@ -164,11 +165,12 @@ class PlannedDataset:
 
 class _Drawn(NamedTuple):
     """A dataset's share of the run: its prompts (file order), those to send (send order) and
-    the duplicates it skips."""
+    the duplicates it skips (and the template its near ones were compared without)."""
 
     prompts: list[Prompt]
     pending: list[Prompt]
     skipped: list[Skipped]
+    template: Template | None = None
 
 
 def send_order(prompts: list[T], order: str, seed: int, name: str) -> list[T]:
@@ -512,18 +514,19 @@ class Plan:
                                     limit(spec.max_samples, self.options.max_samples))
             if deduper is not None and spec.name in checked:
                 deduper.keep({p.sample_id for p in kept})
-            drawn[spec.name] = _Drawn(kept, pending, skipped)
+            template = deduper.templates.get(spec.name) if deduper is not None else None
+            drawn[spec.name] = _Drawn(kept, pending, skipped, template)
         return drawn
 
     def _open_dataset(self, folder: DatasetDir, spec: DatasetSpec, sampling: Sampling,
                       state: DatasetResume, drawn: _Drawn) -> PlannedDataset:
         """The dataset's prompts.jsonl and skipped.jsonl written, its counters set."""
-        prompts, pending, skipped = drawn
+        prompts, pending, skipped, template = drawn
         if state.turns is not None:  # conversations an earlier session started go on
             pending = [state.turns.next.get(p.sample_id, p) for p in pending]
         _write_prompts(folder, prompts, pending, state)
         _on_file(folder.skipped_path, write_skipped, folder, skipped)
-        self._say_dedup(spec, folder, skipped)
+        self._say_dedup(spec, folder, skipped, template)
         progress = DatasetProgress(
             name=spec.name, target=len(prompts),
             max_tokens=limit(spec.max_tokens, self.options.max_tokens_per_dataset),
@@ -538,7 +541,8 @@ class Plan:
         return PlannedDataset(spec, sampling, folder, prompts, pending, progress, skipped,
                               rendering, modes)
 
-    def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped]) -> None:
+    def _say_dedup(self, spec: DatasetSpec, folder: DatasetDir, skipped: list[Skipped],
+                   template: Template | None) -> None:
         """What dedup skips of the dataset, and a mode changed since the earlier session."""
         name, mode = spec.name, spec.dedup_mode()
         record = dedup_record(mode, self.manifest.dedup_threshold, skipped)
@@ -549,7 +553,7 @@ class Plan:
                      "finished samples kept")
         if mode != "off":
             listed = f" (listed in {folder.skipped_path})" if skipped else ""
-            self.say(f"[{name}] {dedup_line(skipped)}{listed}")
+            self.say(f"[{name}] {dedup_line(skipped, template if mode == 'near' else None)}{listed}")
 
     def _set_aside_records(self, folder: DatasetDir, state: DatasetResume) -> None:
         """Move the rejected lines to ``.rejected`` and, with --force, the records of samples

@@ -378,6 +378,15 @@ class PromptFigures(msgspec.Struct):
     digest: list[int] = msgspec.field(default_factory=list)
     signature: list[bytes] = msgspec.field(default_factory=list)
     lines: int = 0
+    template: bytes = b""  # the file's template (sketch.template): sorted uint64 shingle hashes
+    template_rows: int = 0  # the distinct prompts it was drawn from
+    template_share: float = sketch.DEFAULT_TEMPLATE_SHARE
+    template_whole: bool = False  # drawn from TEMPLATE_ROWS prompts: kept as the file grows
+
+    def template_of(self) -> sketch.Template:
+        """The template the signatures leave out."""
+        return sketch.Template(np.frombuffer(self.template, dtype=np.uint64), self.template_rows,
+                               self.template_share)
 
     def extend(self, other: PromptFigures) -> None:
         for name in ("sample_id", "line", "digest", "signature"):
@@ -390,22 +399,30 @@ _PROMPT_FIGURES: AppendedCache[PromptFigures] = AppendedCache("prompt-figures", 
 
 def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | None = None,
                    also: Callable[[PromptContents, list[int]], None] | None = None,
-                   ) -> PromptFigures:
+                   share: float = sketch.DEFAULT_TEMPLATE_SHARE) -> PromptFigures:
     """The figures of every prompt of path: kept ones, and those of the lines appended since
     (kept in turn when `cache`). When `stop()` turns true, what was read so far is kept and
     returned (a whole number of blocks: the rest is read next time). `also` is called with
-    each block read and the indexes of its prompts given figures (one read for more)."""
-    key = cache_key("prompt-figures", FIGURES_VERSION, sketch.DEFAULT_SHINGLE, NUM_PERM)
-    found = _PROMPT_FIGURES.load(path, key) if cache else None
-    known, offset = found if found is not None else (PromptFigures(), 0)
+    each block read and the indexes of its prompts given figures (one read for more).
+
+    The signatures leave out the file's template (:mod:`workbench.sketch.template`, the
+    shingles `share` of its first prompts hold). Kept figures whose template was drawn from
+    fewer prompts than the file now holds are made again."""
+    key = cache_key("prompt-figures", FIGURES_VERSION, sketch.DEFAULT_SHINGLE, NUM_PERM, share,
+                    sketch.TEMPLATE_ROWS)
     stamp = file_stamp(path)  # before the read: what a saved value was read from
+    found = _PROMPT_FIGURES.load(path, key) if cache else None
+    if found is not None and not found[0].template_whole and (stamp is None or stamp[2] > found[1]):
+        found = None  # the template of a smaller file: drawn again from the prompts there are now
+    known, offset = found if found is not None else (_with_template(path, share), 0)
     seen = set(known.sample_id)
+    exclude = known.template_of().shingles
     new = PromptFigures()
     end = offset
     for block in iter_prompt_contents(path, offset=offset, first_line=known.lines + 1):
         chosen = chosen_prompts(block, seen)
         if chosen:
-            new.extend(_block_figures(block, chosen))
+            new.extend(_block_figures(block, chosen, exclude))
         if also is not None:
             also(block, chosen)
         new.lines = block.next_line - 1 - known.lines
@@ -416,6 +433,21 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
     if cache and end > offset:
         _PROMPT_FIGURES.save(path, key, known, end, stamp)
     return known
+
+
+def _with_template(path: Path, share: float) -> PromptFigures:
+    """No figures yet, and the template of prompts file path: drawn from its first
+    TEMPLATE_ROWS prompts given figures."""
+    seen: set[SampleId] = set()
+    parts: list[np.ndarray] = []
+    for block in iter_prompt_contents(path):
+        parts += prompt_contents(block, chosen_prompts(block, seen))
+        if len(parts) >= sketch.TEMPLATE_ROWS:
+            break
+    flat, starts, ends = concat(parts[:sketch.TEMPLATE_ROWS])
+    template = sketch.template_shingles(flat, starts, ends, share=share)
+    return PromptFigures(template=template.shingles.tobytes(), template_rows=template.rows,
+                         template_share=share, template_whole=len(parts) >= sketch.TEMPLATE_ROWS)
 
 
 def chosen_prompts(block: PromptContents, seen: set[SampleId]) -> list[int]:
@@ -438,9 +470,10 @@ def prompt_contents(block: PromptContents, chosen: list[int]) -> list[np.ndarray
             else sketch.word_hashes(block.texts[i] or "") for i in chosen]
 
 
-def _block_figures(block: PromptContents, chosen: list[int]) -> PromptFigures:
+def _block_figures(block: PromptContents, chosen: list[int], exclude: np.ndarray) -> PromptFigures:
     flat, starts, ends = concat(prompt_contents(block, chosen))
-    signatures = sketch.signatures(flat, starts, sketch.clipped(starts, ends), num_perm=NUM_PERM)
+    signatures = sketch.signatures(flat, starts, sketch.clipped(starts, ends), num_perm=NUM_PERM,
+                                   exclude=exclude)
     return PromptFigures([block.sample_ids[i] for i in chosen], [block.lines[i] for i in chosen],
                          sketch.digest(flat, starts, ends).tolist(),
                          [row.tobytes() for row in signatures.astype(SIGNATURE_DTYPE)])
@@ -475,13 +508,14 @@ _PROMPT_OVERLAPS: AppendedCache[_Overlaps] = AppendedCache("prompt-overlaps", _O
 
 
 def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache: bool = True,
-                stop: Callable[[], bool] | None = None) -> PromptRows:
+                stop: Callable[[], bool] | None = None,
+                share: float = sketch.DEFAULT_TEMPLATE_SHARE) -> PromptRows:
     """The figures of prompts file path (see :func:`prompt_figures`) and their benchmark
     overlaps (zeros without benchmarks), read once for both when neither was kept; with
-    `cache`, those kept are taken and what is read is kept. `stop`: as
+    `cache`, those kept are taken and what is read is kept. `stop` and `share`: as
     :func:`prompt_figures`'s."""
     if decontaminate is None:
-        figures = prompt_figures(path, cache, stop)
+        figures = prompt_figures(path, cache, stop, share=share)
         return PromptRows(figures, [0] * len(figures.line))
     key = cache_key("prompt-overlaps", FIGURES_VERSION, decontaminate.key)
     found = _PROMPT_OVERLAPS.load(path, key) if cache else None
@@ -494,7 +528,7 @@ def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache:
             _add_overlaps(overlaps, block, chosen, decontaminate)
             ends[0] = block.end_offset
 
-        figures = prompt_figures(path, cache, stop, also)
+        figures = prompt_figures(path, cache, stop, also, share)
         if (overlaps.lines, len(overlaps.overlap)) == (figures.lines, len(figures.line)):
             # the figures were read from the start: the overlaps are whole
             if cache and ends[0]:
@@ -502,7 +536,7 @@ def prompt_rows(path: Path, decontaminate: sketch.Decontamination | None, cache:
             return PromptRows(figures, overlaps.overlap)
         found = (_Overlaps(), 0)
     else:
-        figures = prompt_figures(path, cache, stop)
+        figures = prompt_figures(path, cache, stop, share=share)
     return PromptRows(figures, _overlaps(path, len(figures.line), decontaminate, key, found,
                                          cache, stop))
 

@@ -14,6 +14,8 @@ and works with a few numpy passes over the whole block, never a Python loop over
     minhash: near duplicates
       signatures         per row: a MinHash signature over shingles (near duplicates)
       near_duplicates    per row: the first earlier row of estimated Jaccard >= threshold, or -1
+    template: a dataset's template
+      template_shingles  the shingles most of a dataset's rows hold, left out before MinHash
     words: words and their hashes
       normalise_words    text to lowercase NFKC words without punctuation
       word_hashes        a stable 64-bit hash of each normalised word of a text
@@ -59,6 +61,13 @@ from workbench.sketch.repeats import (
     repeat_share,
     split_repeat_share,
 )
+from workbench.sketch.template import (
+    DEFAULT_TEMPLATE_SHARE,
+    PROMPT_THRESHOLD,
+    TEMPLATE_ROWS,
+    Template,
+    template_shingles,
+)
 from workbench.sketch.words import normalise_words, word_hashes
 
 __all__ = [
@@ -66,13 +75,17 @@ __all__ = [
     "DEFAULT_NUM_PERM",
     "DEFAULT_REPEAT_NGRAM",
     "DEFAULT_SHINGLE",
+    "DEFAULT_TEMPLATE_SHARE",
     "DEFAULT_THRESHOLD",
     "MAX_ROW_IDS",
     "PROMPT_FIELDS",
+    "PROMPT_THRESHOLD",
+    "TEMPLATE_ROWS",
     "Benchmark",
     "Benchmarks",
     "Decontamination",
     "PieceDecoder",
+    "Template",
     "clipped",
     "digest",
     "exact_duplicates",
@@ -83,5 +96,6 @@ __all__ = [
     "repeat_share",
     "signatures",
     "split_repeat_share",
+    "template_shingles",
     "word_hashes",
 ]

@@ -51,7 +51,7 @@ _SEED_PROBE = 0x452821E638D01377
 def signatures(
     tokens: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
     ends: np.ndarray | Sequence[int], shingle: int = DEFAULT_SHINGLE,
-    num_perm: int = DEFAULT_NUM_PERM,
+    num_perm: int = DEFAULT_NUM_PERM, exclude: np.ndarray | None = None,
 ) -> np.ndarray:
     """MinHash signatures of the rows' shingle sets, shape (rows, num_perm), uint64.
 
@@ -62,18 +62,25 @@ def signatures(
     shingles still compare. The share of equal entries of two rows estimates the Jaccard
     similarity of their shingle sets. A row shorter than `shingle` is one shingle of its own
     (two equal short rows match). `tokens` are token ids or uint64 word hashes.
+
+    `exclude` (sorted uint64 shingle hashes, :func:`workbench.sketch.template_shingles`): the
+    shingles left out of every row, a dataset's template, so rows compare on what varies; a
+    row holding nothing else keeps all of its shingles.
     """
     if shingle < 1 or not 1 <= num_perm <= _MAX_PERM:
         raise ValueError(f"shingle must be >= 1 and num_perm in 1..{_MAX_PERM}: {shingle}, {num_perm}")
     rows = as_rows(tokens, starts, ends)
     out = np.empty((len(rows), num_perm), dtype=_U64)
     for first, last in chunks(rows, CHUNK_IDS, num_perm):
-        out[first:last] = _signature_part(rows.part(first, last), shingle, num_perm)
+        out[first:last] = _signature_part(rows.part(first, last), shingle, num_perm, exclude)
     return out
 
 
-def _signature_part(rows: Rows, shingle: int, num_perm: int) -> np.ndarray:
+def _signature_part(rows: Rows, shingle: int, num_perm: int,
+                    exclude: np.ndarray | None) -> np.ndarray:
     hashes, _, row = windows(rows, shingle)
+    if exclude is not None and len(exclude) and len(hashes):
+        hashes, row = _without(hashes, row, exclude, len(rows))
     short = np.flatnonzero(rows.lengths < shingle)
     if len(short):
         whole = mix(digest(rows.values, rows.offsets[short], rows.offsets[short + 1]),
@@ -84,6 +91,17 @@ def _signature_part(rows: Rows, shingle: int, num_perm: int) -> np.ndarray:
     table = np.full(len(rows) * num_perm, _EMPTY, dtype=_U64)
     np.minimum.at(table, cells, hashes & _VALUE_MASK)
     return _densified(table.reshape(len(rows), num_perm))
+
+
+def _without(hashes: np.ndarray, row: np.ndarray, exclude: np.ndarray,
+             count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shingles (hash, row) not in `exclude` (sorted), but all of a row's shingles when
+    every one of them is."""
+    at = np.minimum(np.searchsorted(exclude, hashes), len(exclude) - 1)
+    inside = exclude[at] == hashes
+    left = np.bincount(row[~inside], minlength=count)
+    drop = inside & (left[row] > 0)
+    return hashes[~drop], row[~drop]
 
 
 def _densified(table: np.ndarray) -> np.ndarray:
