@@ -271,7 +271,7 @@ def prompt_bench(count: int, seed: int, repeat: int) -> bool:
         results = {}
         for whole in (True, False):
             partner, _ = prompt_figures(prompts, whole)
-            took = best(lambda whole=whole: prompt_figures(prompts, whole), repeat)
+            took = best(lambda whole=whole, prompts=prompts: prompt_figures(prompts, whole), repeat)
             results[whole] = (*scores(prompts, partner), took)
         (old_recall, old_false, old_time), (recall, false, took) = results[True], results[False]
         print(f"  {label}")

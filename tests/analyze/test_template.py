@@ -122,8 +122,8 @@ def test_a_fixed_template_keeps_the_kept_figures_as_prompts_grow(
 
     def append(first: int, last: int) -> None:
         with open(path, "ab") as file:
-            for i in range(first, last):
-                file.write(encode_line(PromptRecord(sample_id=i, input_ids=templated(question(i)))))
+            file.writelines(encode_line(PromptRecord(sample_id=i, input_ids=templated(question(i))))
+                            for i in range(first, last))
 
     append(0, 15)  # fewer than the template's rows: drawn again once the file grows
     small = figures.prompt_figures(path)
