@@ -14,6 +14,7 @@ from conftest import workbench
 from test_validate import findings, plant, record, write_run_json
 
 from workbench import sketch
+from workbench.analyze import reply_template
 from workbench.analyze.validate import validate_run
 from workbench.rundir import figures
 from workbench.rundir.records import PromptRecord, encode_line
@@ -162,3 +163,43 @@ def test_generate_skips_near_copies_under_a_template_and_keeps_other_questions(
     assert skipped == [{"sample_id": 30, "rule": "near_duplicate", "of": {"dataset": "a", "sample_id": 4}}]
     assert "1 near duplicates skipped (compared: prompts without their template, 299 shingles " \
            "held by 50%+ of the first 31)" in done.stdout  # 298 of the system prompt, 1 of the end
+
+
+def test_replies_alike_by_their_boilerplate_only_are_not_near_duplicates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tool calls: 60 ids of markers and JSON keys around 20 ids of arguments. Different calls
+    share three quarters of their shingles; a call with one argument id changed is a copy.
+    A grown run reads only what grew."""
+    monkeypatch.setattr(sketch, "TEMPLATE_ROWS", 20)
+    monkeypatch.setattr(sketch.template, "TEMPLATE_ROWS", 20)
+    boiler = TEMPLATE[:60]
+
+    def call(seed: int) -> list[int]:
+        return [*boiler[:40], *question(seed, 20), *boiler[40:]]
+
+    calls = [call(i) for i in range(40)]
+    copy = list(calls[7])
+    copy[50] = 99_999
+    plant(tmp_path, "a", [record(i, ids) for i, ids in enumerate([*calls, copy])])
+    write_run_json(tmp_path, model_profile="kimi-k2.5", datasets=[{"name": "a"}])
+    whole = sketch.signatures(*rows(calls[:2]))
+    assert estimate(whole, 0, 1) >= sketch.DEFAULT_THRESHOLD  # alike, compared whole
+    found = findings(validate_run(tmp_path, workers=1), "a")["near_duplicate_reply"]
+    assert found.count == 1 and found.examples[0].line == 41
+    assert "nearly the same as a sample_id 7 (compared without a's template (" in found.examples[0].detail
+    assert "of its replies hold)" in found.examples[0].detail
+    offsets: list[int] = []
+    read = reply_template.iter_blocks
+
+    def spying(path: Path, **options: Any) -> Any:
+        offsets.append(options["offset"])
+        return read(path, **options)
+
+    monkeypatch.setattr(reply_template, "iter_blocks", spying)
+    raw = tmp_path / "a" / "raw_responses.jsonl"
+    size = raw.stat().st_size
+    with open(raw, "ab") as file:
+        file.write(encode_line(record(41, call(41))))
+    again = findings(validate_run(tmp_path, workers=1), "a")["near_duplicate_reply"]
+    assert again.count == 1 and offsets == [size]  # the template kept, the new reply read

@@ -15,7 +15,7 @@ from workbench.analyze.scan import RunScan, scan_run
 from workbench.analyze.stats import collect_stats
 from workbench.analyze.subset import compare_subsets
 from workbench.report import plots
-from workbench.rundir import prompt_scan
+from workbench.rundir import prompt_scan, reader
 from workbench.rundir.layout import CACHE_DIR
 from workbench.rundir.records import PromptRecord, Record, encode_line
 
@@ -232,14 +232,14 @@ def test_rows_are_read_back_from_their_own_blocks(
     index = scan.files["a"]
     lines = {index.columns.line[1], index.columns.line[-1]}
     blocks_read: list[int] = []
-    iter_blocks = readback.iter_blocks
+    iter_blocks = reader.iter_blocks
 
     def recording(path: Path, **kwargs: Any) -> Any:
         for block in iter_blocks(path, **kwargs):
             blocks_read.append(block.start_offset)
             yield block
 
-    monkeypatch.setattr(readback, "iter_blocks", recording)
+    monkeypatch.setattr(reader, "iter_blocks", recording)
     rows = readback._rows_at(run / "a" / "raw_responses.jsonl", lines, index)
     assert sorted(rows) == sorted(lines)
     assert all(rows[line].output_ids is not None for line in lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from workbench.sim.outputs import (
     plan_output,
     prompt_thinks,
     render_text,
+    text_run,
     tokenize_text,
 )
 from workbench.sim.profiles import (
@@ -45,6 +47,7 @@ from workbench.sim.profiles import (
     step_seconds,
 )
 from workbench.sim.request import Request
+import itertools
 
 KIMI = get_profile("kimi-k2.5")
 THINK_START, THINK_END, IM_END = 163606, 163607, 163586
@@ -602,17 +605,55 @@ def test_text_rendering_round_trips() -> None:
     assert len(hashed) == 2 and hashed == tokenize_text("Zyzzyva  quux\n", KIMI)
 
 
-def test_replies_are_runs_of_the_example_text() -> None:
+def _reply_parts(seed: int) -> list[list[int]]:
+    """The reasoning and the answer of a fast-profile reply (none when it never closes)."""
+    ids = plan_output(KIMI, SHAPE, seed, 100_000).output_ids
+    if THINK_END not in ids:
+        return []
+    cut = ids.index(THINK_END)
+    return [ids[:cut], ids[cut + 1 : -1]]
+
+
+def test_replies_read_as_the_example_text_over_a_few_words() -> None:
     text = corpus()
     assert KIMI.sim_content_ids == (0, len(text.tokens))
-    book = " ".join(text.tokens[token] for token in text.ids + text.ids)
-    for seed in range(20):
-        ids = plan_output(KIMI, SHAPE, seed, 100_000).output_ids
-        if THINK_END not in ids:
-            continue
-        cut = ids.index(THINK_END)
-        for part in (ids[:cut], ids[cut + 1 : -1]):
-            assert render_text(part, KIMI) in book
+    pairs = set(zip(text.ids, text.ids[1:], strict=False))
+    sentence_openers = {text.ids[start] for start in text.starts}
+    held = total = 0
+    for seed in range(40):
+        for part in _reply_parts(seed):
+            assert part[0] in sentence_openers
+            held += sum(pair in pairs for pair in itertools.pairwise(part))
+            total += len(part) - 1
+    assert total > 2000 and held / total > 0.95  # only the walk's jumps leave the text's pairs
+
+
+def _shingles(ids: list[int]) -> set[tuple[int, ...]]:
+    return {tuple(ids[at : at + 3]) for at in range(len(ids) - 2)}
+
+
+def _most_alike(replies: list[list[int]]) -> float:
+    """The largest exact Jaccard of two replies' 3-id shingle sets."""
+    sets = [_shingles(reply) for reply in replies]
+    return max(len(a & b) / len(a | b) for index, a in enumerate(sets) for b in sets[:index])
+
+
+def test_different_seeds_replies_are_not_near_duplicates() -> None:
+    replies = [plan_output(KIMI, SHAPE, seed, 100_000).output_ids for seed in range(150)]
+    assert _most_alike([reply for reply in replies if len(reply) >= 32]) < 0.35
+    long = [text_run(random.Random(seed), 3000) for seed in range(12)]
+    assert _most_alike(long) < 0.45  # the text holds about 2,000 ids: long walks share more
+
+
+def test_a_longer_text_run_extends_a_shorter_one_with_one_draw() -> None:
+    longest = text_run(random.Random(7), 500)
+    after = random.Random(7)
+    text_run(after, 500)
+    for count in (0, 1, 5, 50, 499):
+        rng = random.Random(7)
+        assert text_run(rng, count) == longest[:count]
+        assert rng.getstate() == after.getstate()
+    assert text_run(random.Random(8), 50) != longest[:50]
 
 
 def test_fixed_output_is_small_and_well_formed() -> None:

@@ -16,7 +16,9 @@ The per-record degeneracy rules (``repetition``, ``special_heavy``) are
     duplicate_reply        warning   a reply whose output ids equal an earlier reply's (raw)
     near_duplicate_reply   info      a reply nearly equal to an earlier one (estimated Jaccard of
                                      near_duplicate_threshold, 0.5, or more): templated answers
-                                     that teach a drafter nothing new (raw)
+                                     that teach a drafter nothing new; where a dataset's replies
+                                     share a template (tool-call boilerplate), compared without
+                                     it (:mod:`workbench.analyze.reply_template`) (raw)
     contaminated_prompt    warning   a prompt holding an n-gram (13 normalised words) of a
                                      benchmark given with --decontaminate, else of the ones
                                      generate was given (run.json) (prompts)
@@ -46,6 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from workbench import sketch
+from workbench.analyze.reply_template import reply_templates, template_signatures
 from workbench.analyze.rules import Thresholds
 from workbench.config import load_manifest
 from workbench.errors import ConfigError, DataError
@@ -244,8 +247,14 @@ def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
            cache: bool = True) -> _Flags:
     flags = _prompt_flags(run, thresholds, decontaminate, figures, cache)
     names = [ds.name for ds in run.datasets]
-    _compare(_reply_rows(names, scans, MIN_REPLY_IDS), "reply",
-             thresholds.near_duplicate_threshold, flags)
+    compared = {name: _comparable(scan.columns, MIN_REPLY_IDS)
+                for name, scan in zip(names, scans, strict=True)}
+    templates = reply_templates(run.datasets, scans, compared, thresholds.template_share, cache)
+    replies = _without_templates(run, _reply_rows(names, scans, compared=compared), templates,
+                                 cache)
+    _compare(replies, "reply", thresholds.near_duplicate_threshold, flags,
+             {name: _compared(name, template, "replies") for name, template in templates.items()
+              if len(template.shingles)})
     _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
     return flags
 
@@ -275,10 +284,31 @@ def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontami
     return flags
 
 
-def _reply_rows(names: Sequence[str], scans: Sequence[FileScan], min_ids: int = 1) -> _Rows:
+def _without_templates(run: RunInfo, rows: _Rows, templates: Mapping[str, sketch.Template],
+                       cache: bool) -> _Rows:
+    """rows with the signatures of each dataset with a reply template made without it."""
+    for ds in run.datasets:
+        template = templates.get(ds.name)
+        if template is None or not len(template.shingles):
+            continue
+        if not rows.signature.flags.writeable:
+            rows = rows._replace(signature=rows.signature.copy())
+        made = template_signatures(ds, template, MIN_REPLY_IDS, cache)
+        for index in (i for i, name in enumerate(rows.dataset) if name == ds.name):
+            kept = made.get(rows.line[index])
+            if kept is not None:
+                rows.signature[index] = np.frombuffer(kept, dtype=SIGNATURE_DTYPE)
+    return rows
+
+
+def _reply_rows(names: Sequence[str], scans: Sequence[FileScan], min_ids: int = 1,
+                compared: Mapping[str, np.ndarray] | None = None) -> _Rows:
+    """The replies compared: per dataset, those of `compared` (indexes of its records), else
+    the :func:`_comparable` ones."""
     parts: list[tuple[str, Columns, np.ndarray]] = []
     for name, scan in zip(names, scans, strict=True):
-        parts.append((name, scan.columns, _comparable(scan.columns, min_ids)))
+        keep = compared[name] if compared is not None else _comparable(scan.columns, min_ids)
+        parts.append((name, scan.columns, keep))
     return _gather((name, columns, keep, columns.digest, columns.signature, columns.overlap,
                     columns.turn) for name, columns, keep in parts)
 
@@ -325,12 +355,12 @@ def _picked(values: Sequence[Any], at: list[int]) -> list[Any]:
     return list(values) if len(at) == len(values) else [values[i] for i in at]
 
 
-def _compared(name: str, template: sketch.Template) -> str:
-    """What a near-duplicate prompt of dataset `name` was compared on, in a few words."""
+def _compared(name: str, template: sketch.Template, what: str = "prompts") -> str:
+    """What a near duplicate of dataset `name` was compared on, in a few words."""
     if not len(template.shingles):
-        return "whole prompts compared"
+        return f"whole {what} compared"
     return (f"compared without {name}'s template ({len(template.shingles):,} shingles "
-            f"{template.share:.0%}+ of its prompts hold)")
+            f"{template.share:.0%}+ of its {what} hold)")
 
 
 def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags,

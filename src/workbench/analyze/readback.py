@@ -37,7 +37,7 @@ from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
 from workbench.rundir.columns import FileScan
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
-from workbench.rundir.reader import iter_blocks
+from workbench.rundir.reader import rows_at
 from workbench.rundir.records import Row
 from workbench.rundir.run import load_run
 from workbench.tokenizer import load_tokenizer
@@ -53,27 +53,7 @@ __all__ = [
 
 
 def _rows_at(path: Path, lines: set[int], index: FileScan | None = None) -> dict[int, Row]:
-    """The rows (with output ids) at the given line numbers of a raw file: read from the
-    block holding each (in the scan's block index), else from the file's start."""
-    found: dict[int, Row] = {}
-    if not lines or not path.is_file():
-        return found
-    starts = {index.block_at(line) if index else (0, 1) for line in lines}
-    for offset, first in sorted(starts, reverse=True):  # each block reads only its own lines
-        wanted = {line for line in lines if line >= first and line not in found}
-        found.update(_rows_from(path, offset, first, wanted))
-    return found
-
-
-def _rows_from(path: Path, offset: int, first: int, lines: set[int]) -> dict[int, Row]:
-    found: dict[int, Row] = {}
-    last = max(lines)
-    for block in iter_blocks(path, offset=offset, first_line=first, with_output_ids=True,
-                             block_bytes=SCAN_BLOCK_BYTES):
-        found.update((row.line, row) for row in block.rows if row.line in lines)
-        if block.first_line + block.lines > last:
-            break
-    return found
+    return rows_at(path, lines, index, SCAN_BLOCK_BYTES)
 
 
 def _decoder(tokenizer: str | os.PathLike[str] | None) -> Any:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
+from workbench.rundir.columns import FileScan
 from workbench.rundir.normalise import ROWS, ROWS_WITH_IDS, Schema, decode_line, to_row
 from workbench.rundir.records import Block, LineProblem, Row, StrPath
 
@@ -45,6 +47,7 @@ __all__ = [
     "parse_lines",
     "paused_gc",
     "read_rows",
+    "rows_at",
     "split_lines",
     "torn_block",
 ]
@@ -319,3 +322,30 @@ def paused_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def rows_at(path: Path, lines: set[int], index: FileScan | None = None,
+            block_bytes: int = DEFAULT_BLOCK_BYTES) -> dict[int, Row]:
+    """The rows (with output ids) at the given line numbers of a raw file: read from the
+    block holding each (in the scan's block index), else from the file's start."""
+    found: dict[int, Row] = {}
+    if not lines or not path.is_file():
+        return found
+    starts = {index.block_at(line) if index else (0, 1) for line in lines}
+    for offset, first in sorted(starts, reverse=True):  # each block reads only its own lines
+        wanted = {line for line in lines if line >= first and line not in found}
+        if wanted:
+            found.update(_rows_from(path, offset, first, wanted, block_bytes))
+    return found
+
+
+def _rows_from(path: Path, offset: int, first: int, lines: set[int],
+               block_bytes: int) -> dict[int, Row]:
+    found: dict[int, Row] = {}
+    last = max(lines)
+    for block in iter_blocks(path, offset=offset, first_line=first, with_output_ids=True,
+                             block_bytes=block_bytes):
+        found.update((row.line, row) for row in block.rows if row.line in lines)
+        if block.first_line + block.lines > last:
+            break
+    return found

@@ -22,8 +22,9 @@ Logprobs of input tokens (`logprob_start_len`, as a request that scores a reply 
 generating sends) come from a bigram model of the simulator's own text (`corpus.json`): the
 probability of a token after the one before it is ``0.9 * count(prev, token) / count(prev) +
 0.1 * unigram(token)`` (the unigram add-one smoothed over the text's vocabulary; the unigram
-alone after an id the text never holds). The simulator's replies are runs of that text, so a
-reply it generated scores as far more likely (a mean NLL near 2) than random ids (near 8.6),
+alone after an id the text never holds). The simulator's replies are close to samples of that
+model (runs of the text joined by its bigram steps, `workbench.sim.outputs`), so a reply it
+generated scores as far more likely (a mean NLL near 2) than random ids (near 8.6),
 and the top-k alternatives at a position are the bigram's most likely next ids. The logprobs of
 generated (output) tokens stay the per-(position, token) values of :func:`_logprob`.
 """

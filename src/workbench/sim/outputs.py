@@ -9,11 +9,19 @@ from the simulator profile's `OutputShape`. A seeded fraction (`unclosed_rate`) 
 A reply that calls tools (`call`, written by `workbench.sim.tools`) holds the call's ids where
 the answer would be: reasoning, the think-end id, the call, the end id.
 
-Reasoning and answer are each a run of the example text's ids (`corpus.json`, written by
-scripts/make_examples.py from a public-domain book with the example tokenizer's vocabulary)
-starting at a seeded sentence and wrapping around at its end, so decoded replies read as the
-book. The same seed, prompt and sampling parameters always give the same ids (the request id
-plays no part); a larger `max_new_tokens` extends, never changes, a shorter output's ids.
+Reasoning and answer are each a seeded walk over the example text's ids (`corpus.json`,
+written by scripts/make_examples.py from a public-domain book with the example tokenizer's
+vocabulary), close to sampling the text's bigram model (the one `workbench.sim.completion`
+scores input logprobs with): from a seeded sentence start the walk copies a run of the text (a
+geometric length, `RUN_MEAN` ids on average), then goes on after another occurrence of the
+run's last id (`CONTINUE_SHARE` of the moves, so the id pair across the move is one of the
+text's) or at any position of the text (the others). So decoded replies read as the book over a
+few words, score as likely text, and two seeds' replies share few 3-id shingles: their Jaccard
+is about 0.05 at 300 ids, 0.2 at 1,200 and 0.35 at 3,000, at most about 0.45 (near 6,000 ids;
+the text holds about 2,000), under the 0.5 of a near duplicate. The same seed, prompt and
+sampling parameters always give the same ids (the request id plays no part); a larger
+`max_new_tokens` extends, never changes, a shorter output's ids (`text_run` takes one draw
+from its generator whatever its length).
 `render_text` writes ids as the vocabulary's words (special ids by name), space-separated, as
 the example tokenizer decodes them; `tokenize_text` splits text as that tokenizer does.
 """
@@ -161,14 +169,58 @@ def corpus() -> Corpus:
     return Corpus(tokens, ids, starts, {token: i for i, token in enumerate(tokens)})
 
 
-def text_run(rng: random.Random, count: int) -> list[int]:
-    """`count` ids of the text from a seeded sentence start (one draw whatever `count` is)."""
+RUN_MEAN = 4.0  # ids the walk copies from the text between moves, on average (geometric)
+CONTINUE_SHARE = 0.9  # moves that continue the text after the last id; the others jump anywhere
+_CONTINUE_OF_1024 = round(CONTINUE_SHARE * 1024)
+_RUN_QUANTILES = 256  # run lengths are drawn from this many quantiles of their geometric law
+
+
+class _Walk(NamedTuple):
+    """The text prepared for the walk of `text_run`."""
+
+    after: tuple[tuple[int, ...], ...]  # id -> the positions just after its occurrences, ascending
+    runs: tuple[int, ...]  # _RUN_QUANTILES quantiles of the run length (geometric, mean RUN_MEAN)
+
+
+@functools.cache
+def _walk() -> _Walk:
     text = corpus()
-    at = text.starts[rng.randrange(len(text.starts))]
-    out = text.ids[at : at + count]
+    after: list[list[int]] = [[] for _ in text.tokens]
+    for position, token in enumerate(text.ids[:-1]):
+        after[token].append(position + 1)
+    stay = math.log(1 - 1 / RUN_MEAN)
+    runs = tuple(1 + int(math.log1p(-(index + 0.5) / _RUN_QUANTILES) / stay)
+                 for index in range(_RUN_QUANTILES))
+    return _Walk(tuple(map(tuple, after)), runs)
+
+
+def text_run(rng: random.Random, count: int) -> list[int]:
+    """`count` ids of the text model (module docstring), seeded by one draw from `rng` whatever
+    `count` is: a larger `count` extends a smaller one's ids."""
+    walker = random.Random(rng.getrandbits(64))
+    text, walk = corpus(), _walk()
+    at = text.starts[walker.randrange(len(text.starts))]
+    out: list[int] = []
     while len(out) < count:
-        out += text.ids[: count - len(out)]
+        draw = walker.getrandbits(40)
+        piece = text.ids[at : at + walk.runs[draw % _RUN_QUANTILES]]
+        out += piece
+        at = _moved(walk.after[piece[-1]], at + len(piece), draw >> 8, len(text.ids))
+    del out[count:]
     return out
+
+
+def _moved(after: tuple[int, ...], end: int, draw: int, size: int) -> int:
+    """Where the walk goes on from a run ending before `end`, `after` being the positions that
+    follow its last id in the text: after another occurrence of that id for CONTINUE_SHARE of
+    the 32-bit `draw`s (this one when the text holds no other), else anywhere in the text."""
+    pick = draw >> 10
+    if not after or draw % 1024 >= _CONTINUE_OF_1024:
+        return pick % size
+    if len(after) == 1 or end >= size:
+        return after[pick % len(after)]
+    index = pick % (len(after) - 1)  # among the other occurrences: skip the one at `end`
+    return after[index + (after[index] >= end)]
 
 
 def _finish(ids: list[int], end_id: int, max_new_tokens: int) -> PlannedOutput:

@@ -63,6 +63,7 @@ from workbench.sketch.repeats import (
 )
 from workbench.sketch.template import (
     DEFAULT_TEMPLATE_SHARE,
+    MIN_TEMPLATE_ROWS,
     PROMPT_THRESHOLD,
     TEMPLATE_ROWS,
     Template,
@@ -78,6 +79,7 @@ __all__ = [
     "DEFAULT_TEMPLATE_SHARE",
     "DEFAULT_THRESHOLD",
     "MAX_ROW_IDS",
+    "MIN_TEMPLATE_ROWS",
     "PROMPT_FIELDS",
     "PROMPT_THRESHOLD",
     "TEMPLATE_ROWS",
