@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 import random
@@ -47,7 +48,6 @@ from workbench.sim.profiles import (
     step_seconds,
 )
 from workbench.sim.request import Request
-import itertools
 
 KIMI = get_profile("kimi-k2.5")
 THINK_START, THINK_END, IM_END = 163606, 163607, 163586
