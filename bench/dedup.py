@@ -246,9 +246,9 @@ def make_prompts(count: int, seed: int, template: int, shortest: int, longest: i
     return Replies(rows, pairs)
 
 
-def prompt_figures(prompts: Replies, whole: bool) -> tuple[np.ndarray, float]:
-    """(partner of each prompt, seconds): compared whole at the old threshold, or without the
-    template of the first TEMPLATE_ROWS at PROMPT_THRESHOLD."""
+def prompt_figures(prompts: Replies, whole: bool, threshold: float) -> tuple[np.ndarray, float]:
+    """(partner of each prompt, seconds): compared whole, or without the template of the
+    first TEMPLATE_ROWS, at `threshold`."""
     start = time.perf_counter()
     if whole:
         sigs = kept(signatures(prompts.ids, prompts.starts, prompts.ends))
@@ -257,7 +257,7 @@ def prompt_figures(prompts: Replies, whole: bool) -> tuple[np.ndarray, float]:
         template = template_shingles(prompts.ids, prompts.starts[:first], prompts.ends[:first])
         sigs = kept(signatures(prompts.ids, prompts.starts, prompts.ends, exclude=template.shingles))
     took = time.perf_counter() - start
-    return near_duplicates(sigs, OLD_PROMPT_THRESHOLD if whole else PROMPT_THRESHOLD), took
+    return near_duplicates(sigs, threshold), took
 
 
 def prompt_bench(count: int, seed: int, repeat: int) -> bool:
@@ -267,18 +267,19 @@ def prompt_bench(count: int, seed: int, repeat: int) -> bool:
              "no template, 60 words, 1 changed": make_prompts(count, seed + 1, 0, 60, 60, (1, 1))}
     print(f"\nprompts ({count:,} each, 5% planted copies): recall / distinct flagged / time")
     met = True
+    variants = {f"whole prompts at {OLD_PROMPT_THRESHOLD}": (True, OLD_PROMPT_THRESHOLD),
+                f"whole prompts at {PROMPT_THRESHOLD}": (True, PROMPT_THRESHOLD),
+                f"without the template at {PROMPT_THRESHOLD}": (False, PROMPT_THRESHOLD)}
     for label, prompts in cases.items():
-        results = {}
-        for whole in (True, False):
-            partner, _ = prompt_figures(prompts, whole)
-            took = best(lambda whole=whole, prompts=prompts: prompt_figures(prompts, whole), repeat)
-            results[whole] = (*scores(prompts, partner), took)
-        (old_recall, old_false, old_time), (recall, false, took) = results[True], results[False]
         print(f"  {label}")
-        print(f"    whole prompts at {OLD_PROMPT_THRESHOLD}:      recall {old_recall:6.3f}  "
-              f"flagged {old_false:7.3%}  {old_time * 1000:7.1f} ms")
-        print(f"    without the template at {PROMPT_THRESHOLD}: recall {recall:6.3f}  "
-              f"flagged {false:7.3%}  {took * 1000:7.1f} ms ({took / old_time:.2f}x)")
+        baseline = None
+        for name, (whole, threshold) in variants.items():
+            partner, _ = prompt_figures(prompts, whole, threshold)
+            took = best(lambda w=whole, t=threshold, p=prompts: prompt_figures(p, w, t), repeat)
+            baseline = baseline or took
+            recall, false = scores(prompts, partner)
+            print(f"    {name:<30} recall {recall:6.3f}  flagged {false:7.3%}  "
+                  f"{took * 1000:7.1f} ms ({took / baseline:.2f}x)")
         met = met and recall >= RECALL_TARGET and false <= FALSE_POSITIVE_TARGET
     print(f"prompt targets: {'met' if met else 'MISSED'}")
     return met
