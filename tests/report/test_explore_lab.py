@@ -252,8 +252,9 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
             expected = record_detail(run, dataset, line, tokenizer=EXAMPLES / "tokenizer")
             assert card.locator(".wb-record-answer").inner_text() == expected.answer
             assert card.locator(".wb-record-prompt").inner_text() == expected.prompt
+            assert "<|im_user|>" in expected.prompt  # special tokens are shown
             if expected.matched_stop is not None:  # a finished reply (the point may be a cut one)
-                assert "<|im_end|>" in expected.answer  # special tokens are shown
+                assert "<|im_end|>" in expected.answer
                 assert "matched stop <|im_end|>" in card.locator(".wb-facts").inner_text()  # the stop by name
 
             # a filter that drops the shown record says so; Reset clears every filter
