@@ -382,6 +382,7 @@ class PromptFigures(msgspec.Struct):
     template_rows: int = 0  # the distinct prompts it was drawn from
     template_share: float = sketch.DEFAULT_TEMPLATE_SHARE
     template_whole: bool = False  # drawn from TEMPLATE_ROWS prompts: kept as the file grows
+    template_size: int = 0  # the file's size when the template was drawn
 
     def template_of(self) -> sketch.Template:
         """The template the signatures leave out."""
@@ -412,9 +413,10 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
                     sketch.TEMPLATE_ROWS)
     stamp = file_stamp(path)  # before the read: what a saved value was read from
     found = _PROMPT_FIGURES.load(path, key) if cache else None
-    if found is not None and not found[0].template_whole and (stamp is None or stamp[2] > found[1]):
+    size = stamp[2] if stamp is not None else 0
+    if found is not None and not found[0].template_whole and size > found[0].template_size:
         found = None  # the template of a smaller file: drawn again from the prompts there are now
-    known, offset = found if found is not None else (_with_template(path, share), 0)
+    known, offset = found if found is not None else (_with_template(path, share, size), 0)
     seen = set(known.sample_id)
     exclude = known.template_of().shingles
     new = PromptFigures()
@@ -435,9 +437,9 @@ def prompt_figures(path: Path, cache: bool = True, stop: Callable[[], bool] | No
     return known
 
 
-def _with_template(path: Path, share: float) -> PromptFigures:
-    """No figures yet, and the template of prompts file path: drawn from its first
-    TEMPLATE_ROWS prompts given figures."""
+def _with_template(path: Path, share: float, size: int) -> PromptFigures:
+    """No figures yet, and the template of prompts file path (`size` bytes before this read):
+    drawn from its first TEMPLATE_ROWS prompts given figures."""
     seen: set[SampleId] = set()
     parts: list[np.ndarray] = []
     for block in iter_prompt_contents(path):
@@ -447,7 +449,8 @@ def _with_template(path: Path, share: float) -> PromptFigures:
     flat, starts, ends = concat(parts[:sketch.TEMPLATE_ROWS])
     template = sketch.template_shingles(flat, starts, ends, share=share)
     return PromptFigures(template=template.shingles.tobytes(), template_rows=template.rows,
-                         template_share=share, template_whole=len(parts) >= sketch.TEMPLATE_ROWS)
+                         template_share=share, template_whole=len(parts) >= sketch.TEMPLATE_ROWS,
+                         template_size=size)
 
 
 def chosen_prompts(block: PromptContents, seen: set[SampleId]) -> list[int]:
