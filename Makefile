@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: demo test install install-test bench trainers-check conformance real-sglang real-sglang-check clean
+.PHONY: demo test install install-test bench peers trainers-check conformance real-sglang real-sglang-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/scan.py
 	$(BIN)/python bench/dispatch.py
+
+# The workbench against DuckDB, polars and datasketch on a run written elsewhere (bench/peers.py;
+# PEERS_ARGS=--size-mb 1000 for the size of a real job).
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-test
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[test,bench]'
+	touch $@
+
+peers: $(VENV)/.installed-bench
+	$(BIN)/python bench/peers.py $(PEERS_ARGS)
 
 # Optional: a demo run's exports loaded by SpecForge's and vLLM speculators' own loaders, in a
 # separate venv (they pull torch; never part of `make test`). Only their data loaders run here,
