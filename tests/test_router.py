@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,10 +105,13 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
     try:
         wait_until(lambda: lines_in(raw) >= 60, 300, "a fifth of the records")
         victim = sims[2]
+        counted_at = lines_in(raw)
         served_by_victim = counter(victim.url)
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)
         killed_at = lines_in(raw)
+        time.sleep(0.5)  # the records of the victim's last replies are written by now
+        window = lines_in(raw) - counted_at  # records written between its count and its death
         _stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -122,7 +126,7 @@ def test_three_servers_share_a_run_and_one_dies_without_losing_a_sample(
     survivors = [counter(s.url) for s in sims[:2]]
     shares = [*survivors, served_by_victim]
     assert all(share >= 10 for share in shares), shares
-    assert sum(shares) >= 300
+    assert sum(shares) >= 300 - window  # a reply the victim sent after its count is not in it
     wait_until(lambda: healthy_workers(router.url).get(victim.url) is False, 120,
                "the router to drop the server")
     frame = workbench("monitor", str(out), "--once", "--server", router.url)

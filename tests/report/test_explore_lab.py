@@ -210,7 +210,9 @@ def test_explorer_in_jupyterlab(run: Path, lab: tuple[str, subprocess.Popen[str]
                 return names.includes('ids') && !names.some(n => n && n.startsWith('chat'));
             }})""")  # redrawn in place: the same plots, now without the other dataset
             notebook = page.locator(".jp-Notebook")
-            assert "of 60 records selected" in notebook.inner_text()
+            wait_until(lambda: "of 60 records selected" in notebook.inner_text(), TIMEOUT_MS / 1000,
+                       lambda: f"the count of the selection: {notebook.inner_text()[-2000:]}",
+                       interval=0.25)  # the summary may redraw after the figures
             assert "Filters: dataset: ids." in notebook.inner_text()  # in plain words
             shown = _figures(page)
 
