@@ -216,6 +216,15 @@ def write_records(folder: Path, records: list[Record],
     (folder / "prompts.jsonl").write_bytes(b"".join(map(encode_line, prompts)))
 
 
+def one_error_line(stderr: str, ignore: str | None = None) -> str:
+    """The one line of a verb's error (no traceback), lines starting with `ignore` left out."""
+    lines = [line for line in stderr.strip().splitlines()
+             if ignore is None or not line.startswith(ignore)]
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    assert lines[0].startswith("workbench: error: "), stderr
+    return lines[0]
+
+
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, wait_until, workbench, workbench_process, write_manifest
+from conftest import (
+    EXAMPLES,
+    one_error_line,
+    wait_until,
+    workbench,
+    workbench_process,
+    write_manifest,
+)
 
 from workbench.rundir.records import PromptRecord, Record, encode_line
 from workbench.server.launch import find_free_port
@@ -44,13 +51,6 @@ def plant_run(out: Path, datasets: int, records: int = 1, output_len: int = 2) -
         entries[name] = {"input": "input_ids"}
     (out / "run.json").write_text(json.dumps({"model_profile": "kimi-k2.5", "datasets": entries}))
     return out
-
-
-def one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert "Traceback" not in stderr and len(lines) == 1, stderr
-    assert lines[0].startswith("workbench: error: "), stderr
-    return lines[0]
 
 
 # --- 1, 2: credentials and a query string in --server ----------------------------------------

@@ -13,33 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import workbench
+from conftest import make_record, one_error_line, workbench, write_records
 
 from workbench.cli import build_parser
 from workbench.cli.exits import EXIT_STORAGE
 from workbench.generate.progress import RunSummary
 from workbench.generate.views import cost_line
 from workbench.rundir.files import temp_path
-from workbench.rundir.records import PromptRecord, Record, encode_line
-
-
-def one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert "Traceback" not in stderr and len(lines) == 1, stderr
-    assert lines[0].startswith("workbench: error: "), stderr
-    return lines[0]
 
 
 def plant_run(out: Path) -> Path:
     """A finished run of one dataset of two records, written directly."""
-    folder = out / "ds"
-    folder.mkdir(parents=True)
-    records = (Record(sample_id=i, output_ids=[300, 301], prompt_tokens=3, completion_tokens=2,
-                      cached_tokens=0, finish_reason="stop", matched_stop=None, e2e_latency=1.0,
-                      ts=1.75e9) for i in range(2))
-    (folder / "raw_responses.jsonl").write_bytes(b"".join(map(encode_line, records)))
-    (folder / "prompts.jsonl").write_bytes(
-        b"".join(encode_line(PromptRecord(i, [1, 2, 3])) for i in range(2)))
+    write_records(out / "ds", [make_record(i, [300, 301]) for i in range(2)])
     (out / "run.json").write_text(json.dumps({"model_profile": "kimi-k2.5",
                                               "datasets": {"ds": {"input": "input_ids"}}}))
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import workbench
+from conftest import one_error_line, workbench
 
 from workbench.cli.exits import EXIT_STORAGE
 from workbench.errors import StorageError
@@ -26,19 +26,12 @@ def _run(folder: Path) -> Path:
     return folder
 
 
-def _one_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if not line.startswith("parameters:")]
-    assert "Traceback" not in stderr and len(lines) == 1, stderr
-    assert lines[0].startswith("workbench: error: "), stderr
-    return lines[0]
-
-
 def test_an_out_under_a_file_is_one_storage_line(tmp_path: Path) -> None:
     run = _run(tmp_path / "run")
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "sub" / "out"
     done = workbench("report", "token_distribution", "-p", f"run_dir={run}", "--out", str(out))
-    line = _one_error_line(done.stderr)
+    line = one_error_line(done.stderr, ignore="parameters:")
     assert done.returncode == EXIT_STORAGE
     assert f"{out}: cannot write: Not a directory" in line
 
@@ -53,7 +46,7 @@ def test_an_index_on_a_full_disk_names_it_and_leaves_no_temp_file(
         index.write_index(tmp_path)
     assert list(tmp_path.iterdir()) == []
     done = workbench("report", "--index", str(tmp_path))
-    line = _one_error_line(done.stderr)
+    line = one_error_line(done.stderr, ignore="parameters:")
     assert done.returncode == EXIT_STORAGE
     assert line.startswith(f"workbench: error: {tmp_path / 'index.html'}: cannot write: No space")
     assert "free)" in line
