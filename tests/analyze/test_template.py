@@ -99,7 +99,9 @@ def test_validate_finds_near_copies_under_a_template_and_says_what_it_compared(t
     found = findings(validate_run(tmp_path, workers=1), "a")["near_duplicate_prompt"]
     assert found.count == 3
     assert [e.line for e in found.examples] == [38, 39, 40]
-    assert "nearly the same as a sample_id 5 (compared without a's template (" in found.examples[0].detail
+    assert "nearly the same as a sample_id 5 (compared: prompts without their template, " \
+           "29" in found.examples[0].detail  # the 298 shingles of its 300 ids, or so
+    assert "shingles held by 50%+ of the first 40)" in found.examples[0].detail
     strict = workbench("validate", str(tmp_path), "--template-share", "1", "--json")
     assert strict.returncode == 0, strict.stderr
     counts = {f["rule"]: f["count"] for f in json.loads(strict.stdout)["datasets"]["a"]["findings"]}
@@ -187,8 +189,9 @@ def test_replies_alike_by_their_boilerplate_only_are_not_near_duplicates(
     assert estimate(whole, 0, 1) >= sketch.DEFAULT_THRESHOLD  # alike, compared whole
     found = findings(validate_run(tmp_path, workers=1), "a")["near_duplicate_reply"]
     assert found.count == 1 and found.examples[0].line == 41
-    assert "nearly the same as a sample_id 7 (compared without a's template (" in found.examples[0].detail
-    assert "of its replies hold)" in found.examples[0].detail
+    assert "nearly the same as a sample_id 7 (compared: replies without their template, " \
+           in found.examples[0].detail
+    assert "held by 50%+ of the first 20)" in found.examples[0].detail
     offsets: list[int] = []
     read = reply_template.iter_blocks
 

@@ -253,7 +253,7 @@ def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
     replies = _without_templates(run, _reply_rows(names, scans, compared=compared), templates,
                                  cache)
     _compare(replies, "reply", thresholds.near_duplicate_threshold, flags,
-             {name: _compared(name, template, "replies") for name, template in templates.items()
+             {name: f"compared: {template.text('replies')}" for name, template in templates.items()
               if len(template.shingles)})
     _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
     return flags
@@ -277,7 +277,7 @@ def _prompt_flags(run: RunInfo, thresholds: Thresholds, decontaminate: Decontami
     prompts = _prompt_rows(run, figures)
     compared = {name: found.figures.template_of() for name, found in figures.items()}
     _compare(prompts, "prompt", thresholds.near_duplicate_prompt_threshold, flags,
-             {name: _compared(name, template) for name, template in compared.items()})
+             {name: f"compared: {template.text()}" for name, template in compared.items()})
     _contamination(prompts, "contaminated_prompt", decontaminate, flags)
     if cache:
         _PROMPT_FLAGS.save(run.out, key, flags)
@@ -353,14 +353,6 @@ def _gather(parts: Iterable[tuple[str, Any, np.ndarray, Sequence[int], Sequence[
 def _picked(values: Sequence[Any], at: list[int]) -> list[Any]:
     """values[i] for i in `at` (sorted distinct indexes): all of them, the usual case, at once."""
     return list(values) if len(at) == len(values) else [values[i] for i in at]
-
-
-def _compared(name: str, template: sketch.Template, what: str = "prompts") -> str:
-    """What a near duplicate of dataset `name` was compared on, in a few words."""
-    if not len(template.shingles):
-        return f"whole {what} compared"
-    return (f"compared without {name}'s template ({len(template.shingles):,} shingles "
-            f"{template.share:.0%}+ of its {what} hold)")
 
 
 def _compare(rows: _Rows, what: str, threshold: float, flags: _Flags,
