@@ -449,6 +449,14 @@ op_st = st.one_of(
 )
 
 
+def _kept_aside(path: Path) -> None:
+    """Keep path's inode alive under another name: a file replaced by one that then gets
+    the inode just freed (and the same size and last bytes) is the cursor's documented
+    limit, which no real replacement hits within a refresh."""
+    if path.exists():
+        os.link(path, path.with_name(f"replaced-{path.stat().st_ino}"))
+
+
 def _apply(out: Path, op: tuple[Any, ...], now: float) -> bool:
     """Apply one change to the tree; True when a refresh must follow before the next change."""
     raw = out / "A" / "raw_responses.jsonl"
@@ -464,6 +472,7 @@ def _apply(out: Path, op: tuple[Any, ...], now: float) -> bool:
         return True
     if kind == "replace":
         write(out / "A" / "tmp", op[1])
+        _kept_aside(raw)
         os.replace(out / "A" / "tmp", raw)
         return False
     if kind == "errors":

@@ -99,6 +99,7 @@ import numpy as np
 from workbench import sketch
 from workbench.profiles import ModelProfile, reasoning_expected
 from workbench.rundir.figures import FigureStore, ReplyFigures, reply_figures
+from workbench.rundir.id_arrays import IdArrays, of_lists
 from workbench.rundir.layout import DatasetDir
 from workbench.rundir.line_index import key_text
 from workbench.rundir.records import Row, missing_fields
@@ -123,6 +124,7 @@ __all__ = [
 ]
 
 Severity: TypeAlias = Literal["error", "warning", "info"]
+Reply: TypeAlias = "Sequence[int] | np.ndarray | None"  # a row's output ids (None: it has none)
 
 SEVERITY: dict[str, Severity] = {
     "parse_error": "error",
@@ -247,7 +249,7 @@ class IdStats(NamedTuple):
     checker needs them (:attr:`RecordChecker.think_facts`), else counted 0 and found -1.
     `repeat` is the share of the row's ids inside a repeated n-gram, `special` the number of
     its special ids (see the module docstring); `flat` the batch's ids in one array, for the
-    checks that follow the rules.
+    checks that follow the rules, and `replies` each row's ids (a list, or a view of `flat`).
     """
 
     bad_vocab: list[int]
@@ -258,44 +260,43 @@ class IdStats(NamedTuple):
     repeat: list[float]
     special: list[int]
     flat: _Flat
+    replies: list[Reply]
     figures: ReplyFigures | None = None  # the data-quality figures, when asked for
 
-class _Flat(NamedTuple):
-    """The ids of a batch of rows in one array; row i holds ids[starts[i]:ends[i]]."""
 
-    ids: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
+class _Flat(IdArrays):
+    """The ids of a batch of rows in one array (row i holds ids[starts[i]:ends[i]]), and
+    the per-row facts the rules draw from it."""
 
     @classmethod
-    def of(cls, id_lists: Sequence[list[int]]) -> _Flat:
-        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        ends = np.cumsum(lengths)
-        flat: list[int] = []
-        for ids in id_lists:
-            flat.extend(ids)
-        try:
-            array = np.fromiter(flat, dtype=np.int64, count=len(flat))
-        except OverflowError:  # beyond 64 bits: out of any vocabulary, so clip
-            array = np.array([min(max(i, -1), 1 << 62) for i in flat], dtype=np.int64)
-        return cls(array, ends - lengths, ends)
+    def of(cls, rows: Sequence[Row], ids: IdArrays | None) -> tuple[_Flat, list[Reply]]:
+        """The rows' ids in one array (`ids`, the reader's, else built from their lists) and
+        each row's ids: its list, else (read into `ids`) its view, None when it has none."""
+        if ids is None:
+            replies: list[Reply] = [row.output_ids for row in rows]
+            return cls(*of_lists(replies)), replies
+        flat = cls(*ids)
+        replies = [row.output_ids if row.output_ids is not None
+                   else flat.ids[start:end] if row.has_output_ids else None
+                   for row, start, end in zip(rows, flat.starts.tolist(), flat.ends.tolist(),
+                                              strict=True)]
+        return flat, replies
 
-    def locate(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Flat positions where mask holds, and the row of each."""
-        positions = np.flatnonzero(mask)
-        return positions, np.searchsorted(self.ends, positions, side="right")
-
-    def first_where(self, mask: np.ndarray) -> np.ndarray:
-        """Per row, the position (within the row) of the first id where mask holds, or -1."""
-        positions, rows = self.locate(mask)
+    def first_at(self, positions: np.ndarray) -> np.ndarray:
+        """Per row, the position (within the row) of the first of the flat `positions`
+        (ascending) that falls in it, or -1."""
+        rows = np.searchsorted(self.ends, positions, side="right")
         first = np.full(len(self.ends), -1, dtype=np.int64)
-        unique, index = np.unique(rows, return_index=True)
-        first[unique] = positions[index] - self.starts[unique]
+        if len(rows):
+            new = np.ones(len(rows), dtype=bool)
+            np.not_equal(rows[1:], rows[:-1], out=new[1:])
+            first[rows[new]] = positions[new] - self.starts[rows[new]]
         return first
 
-    def count_where(self, mask: np.ndarray) -> list[int]:
-        """Per row, how many ids mask holds for."""
-        counts: list[int] = np.bincount(self.locate(mask)[1], minlength=len(self.ends)).tolist()
+    def count_at(self, positions: np.ndarray) -> list[int]:
+        """Per row, how many of the flat `positions` fall in it."""
+        rows = np.searchsorted(self.ends, positions, side="right")
+        counts: list[int] = np.bincount(rows, minlength=len(self.ends)).tolist()
         return counts
 
     def after(self, position: np.ndarray) -> list[int]:
@@ -309,17 +310,17 @@ class _Flat(NamedTuple):
         return ids
 
 
-def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker, *, figures: bool = False,
-              known: FigureStore | None = None) -> IdStats:
+def _id_stats(flat: _Flat, replies: list[Reply], checker: RecordChecker, *,
+              figures: bool = False, known: FigureStore | None = None) -> IdStats:
     """The facts about the rows' ids; with `figures`, their data-quality figures too (those
     `known` holds taken from it)."""
-    flat = _Flat.of(id_lists)
-    ids, n = flat.ids, len(id_lists)
-    bad_vocab = flat.first_where((ids >= checker.vocab_size) | (ids < 0)).tolist()
-    special = flat.count_where(checker.special_mask(ids)) if n else []
+    ids, n = flat.ids, len(replies)
+    bad_vocab = flat.first_at(np.flatnonzero((ids >= checker.vocab_size) | (ids < 0))).tolist()
+    special = flat.count_at(checker.special_positions(ids)) if n else []
     profile = checker.profile
     facts = checker.think_facts and n > 0
-    end_first = flat.first_where(ids == profile.think_end) if facts else np.full(n, -1)
+    ends_at = np.flatnonzero(ids == profile.think_end) if facts else np.zeros(0, np.int64)
+    end_first = flat.first_at(ends_at) if facts else np.full(n, -1)
     split = end_first if checker.splits else np.full(n, -1)
     ngram = checker.repetition_ngram
     quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
@@ -328,10 +329,11 @@ def _id_stats(id_lists: Sequence[list[int]], checker: RecordChecker, *, figures:
         ids, flat.starts, flat.ends, split, ngram)).tolist()
     if not facts:
         return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat,
-                       quality)
-    start_count = [0] * n if profile.think_start is None else flat.count_where(ids == profile.think_start)
-    return IdStats(bad_vocab, flat.count_where(ids == profile.think_end), end_first.tolist(),
-                   flat.after(end_first), start_count, repeat, special, flat, quality)
+                       replies, quality)
+    start_count = ([0] * n if profile.think_start is None
+                   else flat.count_at(np.flatnonzero(ids == profile.think_start)))
+    return IdStats(bad_vocab, flat.count_at(ends_at), end_first.tolist(),
+                   flat.after(end_first), start_count, repeat, special, flat, replies, quality)
 
 
 class RecordChecker:
@@ -377,13 +379,14 @@ class RecordChecker:
         """What the rules' verdicts depend on beyond the limits (a cached scan's key)."""
         return self.profile, self.vocab_size, self.reasoning, tuple(sorted(self.modes.items()))
 
-    def special_mask(self, ids: np.ndarray) -> np.ndarray:
-        """Where ids are special ids other than the think, end and eos ids (none without the
-        profile's special_start)."""
+    def special_positions(self, ids: np.ndarray) -> np.ndarray:
+        """Where (ascending) ids are special ids other than the think, end and eos ids (none
+        without the profile's special_start)."""
         start = self.profile.special_start
         if start is None:
-            return np.zeros(len(ids), dtype=bool)
-        return (ids >= start) & (ids < self.vocab_size) & ~np.isin(ids, self._expected)
+            return np.zeros(0, dtype=np.int64)
+        found = np.flatnonzero((ids >= start) & (ids < self.vocab_size))
+        return found[~np.isin(ids[found], self._expected)]
 
     def failures(self, row: Row) -> set[str]:
         """The ids of the per-record rules row fails."""
@@ -398,14 +401,16 @@ class RecordChecker:
         return self._check(rows)[0]
 
     def _check(self, rows: Sequence[Row], *, figures: bool = False,
-               known: FigureStore | None = None) -> tuple[list[list[tuple[str, str]]], IdStats]:
+               known: FigureStore | None = None, ids: IdArrays | None = None,
+               ) -> tuple[list[list[tuple[str, str]]], IdStats]:
         """The problems of each row and the facts about their ids (with `figures`, their
-        data-quality figures too, those `known` holds taken from it)."""
-        stats = _id_stats([row.output_ids or [] for row in rows], self, figures=figures,
-                          known=known)
+        data-quality figures too, those `known` holds taken from it). `ids`: the rows'
+        output ids as the reader gave them in one array (else their lists are read)."""
+        flat, replies = _Flat.of(rows, ids)
+        stats = _id_stats(flat, replies, self, figures=figures, known=known)
         return [self._row_problems(row, stats, index) for index, row in enumerate(rows)], stats
 
-    def split(self, ids: list[int] | None, end_first: int, mode: str | None = None,
+    def split(self, ids: Reply, end_first: int, mode: str | None = None,
               ) -> tuple[int | None, int | None, bool | None]:
         """(reasoning tokens, answer tokens, closed) of one reply (of `mode`) whose first
         think-end id is at end_first (-1: none). Ids before it are reasoning, ids after it
@@ -438,7 +443,7 @@ class RecordChecker:
     def _mode_mismatch(self, row: Row, stats: IdStats, i: int) -> str | None:
         """How the reply contradicts its mode (None when it does not, or holds nothing
         but end ids: `empty_output` tells that)."""
-        ids = row.output_ids
+        ids = stats.replies[i]
         if ids is None or self._is_empty(ids):
             return None
         end, start = self.profile.think_end, self.profile.think_start
@@ -448,7 +453,7 @@ class RecordChecker:
                         f"(at {stats.end_first[i]} of {len(ids)} ids)")
             if start is not None and stats.start_count[i]:
                 return (f"switched thinking off, but the reply holds think-start id {start} "
-                        f"(at {ids.index(start)} of {len(ids)} ids)")
+                        f"(at {_position(ids, start)} of {len(ids)} ids)")
             return None
         if row.finish_reason == "stop" and stats.end_first[i] < 0:
             return (f"reasons, but the reply finished (stop) after {len(ids)} ids with no "
@@ -460,7 +465,7 @@ class RecordChecker:
         missing = missing_fields(row)
         if missing:
             found.append(("missing_field", "cannot read " + ", ".join(missing)))
-        ids = row.output_ids
+        ids = stats.replies[i]
         finish = row.finish_reason
         if ids is not None and row.completion_tokens is not None and len(ids) != row.completion_tokens:
             found.append(("token_count_mismatch", _count_detail(len(ids), row.completion_tokens)))
@@ -472,7 +477,7 @@ class RecordChecker:
             return found
         if stats.bad_vocab[i] >= 0:
             position = stats.bad_vocab[i]
-            detail = (f"output_ids[{position}] = {ids[position]} outside "
+            detail = (f"output_ids[{position}] = {int(ids[position])} outside "
                       f"[0, {self.vocab_size}) of {self.profile.name}")
             found.append(("id_out_of_vocab", detail))
         if self.reasoning_of(row.mode):
@@ -481,7 +486,7 @@ class RecordChecker:
         return found
 
     def _degeneracy_problems(
-        self, ids: list[int], stats: IdStats, i: int, found: list[tuple[str, str]]
+        self, ids: Sequence[int], stats: IdStats, i: int, found: list[tuple[str, str]]
     ) -> None:
         share = stats.repeat[i]
         if share >= self.repetition_share and share > 0:
@@ -492,25 +497,25 @@ class RecordChecker:
             detail = f"{special} special ids of {len(ids)} ({special / len(ids):.0%})"
             found.append(("special_heavy", detail))
 
-    def _is_empty(self, ids: list[int]) -> bool:
+    def _is_empty(self, ids: Sequence[int]) -> bool:
         """Whether the ids hold nothing but end ids (at most 4 of them)."""
-        return not ids or (len(ids) <= 4 and self.end_ids.issuperset(ids))
+        return len(ids) == 0 or (len(ids) <= 4 and self.end_ids.issuperset(_listed(ids)))
 
-    def _empty(self, ids: list[int], found: list[tuple[str, str]]) -> bool:
+    def _empty(self, ids: Sequence[int], found: list[tuple[str, str]]) -> bool:
         """Record empty_output; True when the ids hold nothing but end ids."""
         if not self._is_empty(ids):
             return False
-        found.append(("empty_output", f"output_ids {ids}"))
+        found.append(("empty_output", f"output_ids {_listed(ids)}"))
         return True
 
-    def _truncated_detail(self, ids: list[int] | None, end_first: int, mode: str | None) -> str:
+    def _truncated_detail(self, ids: Reply, end_first: int, mode: str | None) -> str:
         detail = f"finish_reason length after {_count(ids)} ids"
         if self.reasoning_of(mode) and ids is not None and end_first < 0:
             detail += ", inside the reasoning (no think-end id)"
         return detail
 
     def _reasoning_problems(
-        self, ids: list[int], finish: str | None, stats: IdStats, i: int,
+        self, ids: Sequence[int], finish: str | None, stats: IdStats, i: int,
         found: list[tuple[str, str]],
     ) -> None:
         end, start = self.profile.think_end, self.profile.think_start
@@ -521,14 +526,14 @@ class RecordChecker:
             found.append(("reasoning_unclosed", detail))
         if stats.end_count[i] > 1:
             detail = (f"{stats.end_count[i]} think-end ids {end} "
-                      f"(at {first} and {ids.index(end, first + 1)})")
+                      f"(at {first} and {_position(ids, end, first + 1)})")
             found.append(("stray_think_end", detail))
         if first >= 0 and ended and (stats.after_end[i] < 0 or stats.after_end[i] in self.end_ids):
             detail = f"nothing after the think-end id at {first} of {len(ids)} ids"
             found.append(("empty_answer", detail))
         if start is not None and stats.start_count[i] > self.starts_allowed:
             detail = (f"{stats.start_count[i]} think-start ids {start} (first at "
-                      f"{ids.index(start)}), the template allows {self.starts_allowed}")
+                      f"{_position(ids, start)}), the template allows {self.starts_allowed}")
             found.append(("stray_think_start", detail))
 
 
@@ -538,8 +543,19 @@ def _count_detail(length: int, completion: int) -> str:
     return f"len(output_ids) {length} vs completion_tokens {completion} ({diff:+d}){hint}"
 
 
-def _count(ids: list[int] | None) -> str:
+def _count(ids: Reply) -> str:
     return "?" if ids is None else str(len(ids))
+
+
+def _listed(ids: Sequence[int]) -> list[int]:
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+
+
+def _position(ids: Sequence[int], value: int, start: int = 0) -> int:
+    """Where value first is in ids from start (it is there)."""
+    if isinstance(ids, np.ndarray):
+        return start + int(np.flatnonzero(ids[start:] == value)[0])
+    return ids.index(value, start)
 
 
 @functools.lru_cache(maxsize=32)

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -56,6 +57,7 @@ from workbench.rundir.figures import (
     load_figures,
     overlaps_path,
 )
+from workbench.rundir.id_arrays import IdArrays, of_lists
 from workbench.rundir.layout import RAW_FILE, DatasetDir
 from workbench.rundir.reader import iter_blocks, paused_gc
 from workbench.rundir.records import Block, Row
@@ -173,8 +175,7 @@ def _scan_range(job: _RangeJob) -> FileScan:
     stops inside the block that crosses its end, counting that block's lines up to it.
     """
     part = FileScan(Tally(job.max_examples), end_offset=job.start if job.last else job.end)
-    blocks = iter_blocks(job.path, offset=job.start, with_output_ids=True,
-                         block_bytes=SCAN_BLOCK_BYTES)
+    blocks = iter_blocks(job.path, offset=job.start, id_arrays=True, block_bytes=SCAN_BLOCK_BYTES)
     known = load_figures(Path(job.figures)) if job.figures else None
     overlaps = load_figures(Path(job.overlaps), OVERLAP_ENTRY) if job.overlaps else None
     with paused_gc():
@@ -205,9 +206,9 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
     if block.lines:
         part.blocks.append((block.first_line, block.start_offset))
     bad_type = {p.line for p in block.problems if p.kind == "bad_type"}
-    rows = [row for row in block.rows if row.line <= lines]
+    rows, ids = _rows_up_to(block, lines)
     part.records += len(rows)
-    found, stats = checker._check(rows, figures=True, known=known)
+    found, stats = checker._check(rows, figures=True, known=known, ids=ids)
     for row, problems in zip(rows, found, strict=True):
         if row.layout != "flat":
             add("legacy_layout", row.line, f"{row.layout} layout")
@@ -221,26 +222,29 @@ def _scan_block(block: Block, lines: int, checker: RecordChecker, part: FileScan
                 decontaminate, overlaps)
 
 
+def _rows_up_to(block: Block, lines: int) -> tuple[list[Row], IdArrays]:
+    """The block's rows up to line `lines` and their output ids."""
+    rows, ids = block.rows, block.ids if block.ids is not None else of_lists([])
+    if rows and rows[-1].line > lines:
+        rows = [row for row in rows if row.line <= lines]
+        ends = ids.ends[:len(rows)]
+        ids = IdArrays(ids.ids[:ends[-1] if len(ends) else 0], ids.starts[:len(rows)], ends)
+    return rows, ids
+
+
+_ROW_COLUMNS = ("line", "sample_id", "layout", "prompt_tokens", "completion_tokens",
+                "cached_tokens", "finish_reason", "ts", "e2e_latency", "turn", "ended", "mode")
+
+
 def _add_columns(
     columns: Columns, rows: list[Row], found: list[list[tuple[str, str]]], stats: IdStats,
     checker: RecordChecker,
 ) -> None:
-    columns.line.extend(row.line for row in rows)
-    columns.sample_id.extend(row.sample_id for row in rows)
-    columns.layout.extend(row.layout for row in rows)
-    columns.prompt_tokens.extend(row.prompt_tokens for row in rows)
-    columns.completion_tokens.extend(row.completion_tokens for row in rows)
-    columns.cached_tokens.extend(row.cached_tokens for row in rows)
-    columns.finish_reason.extend(row.finish_reason for row in rows)
-    columns.ts.extend(row.ts for row in rows)
-    columns.e2e_latency.extend(row.e2e_latency for row in rows)
-    columns.turn.extend(row.turn for row in rows)
-    columns.ended.extend(row.ended for row in rows)
-    columns.mode.extend(row.mode for row in rows)
-    columns.output_len.extend(None if row.output_ids is None else len(row.output_ids)
-                              for row in rows)
-    for row, first in zip(rows, stats.end_first, strict=True):
-        reasoning, answer, closed = checker.split(row.output_ids, first, row.mode)
+    for name in _ROW_COLUMNS:
+        getattr(columns, name).extend(map(attrgetter(name), rows))
+    columns.output_len.extend(None if ids is None else len(ids) for ids in stats.replies)
+    for row, ids, first in zip(rows, stats.replies, stats.end_first, strict=True):
+        reasoning, answer, closed = checker.split(ids, first, row.mode)
         columns.reasoning_tokens.append(reasoning)
         columns.answer_tokens.append(answer)
         columns.closed.append(closed)

@@ -3,7 +3,8 @@
 A :class:`Cursor` remembers, for one file, the byte offset a reader reached (always a line
 start) and how to tell that the file changed: a file that shrank, was replaced (another
 inode) or whose last bytes before the offset changed is read again from the start (an
-in-place rewrite that keeps those bytes goes unnoticed; writers only append). The stats
+in-place rewrite that keeps those bytes goes unnoticed, and so does a replacement that keeps
+them and lands on an inode the file had before; writers only append). The stats
 collector keeps one per file of a run, so a refresh reads only what was appended.
 """
 

@@ -15,16 +15,15 @@ block holding a bad or unusual line is read line by line. The sample id is read 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
 
+from workbench.rundir.id_arrays import parse_spans, span_lines
 from workbench.rundir.normalise import ROWS, Line, line_sample_id
 from workbench.rundir.reader import (
     ID_KEYS,
-    NEWLINE,
     Chunk,
     array_spans,
     decode_aligned,
@@ -215,10 +214,10 @@ def _contents_at_once(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any,
     if found is None:
         return None
     items, arrays, spans = found
-    counts = _span_items(chunk.data, spans)
-    ids = _parsed_ids(chunk.data, spans, counts)
-    if ids is None:
+    parsed = parse_spans(chunk.data, spans)
+    if parsed is None:
         return None
+    ids, counts = parsed
     rows: _ContentRows = []
     per_row: list[int] = []
     for index, (item, array) in enumerate(zip(items, arrays, strict=True)):
@@ -231,24 +230,6 @@ def _contents_at_once(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any,
         rows.append((first_line + index, sample_id, item.text, array >= 0, item.turn))
         per_row.append(count)
     return rows, ids, per_row
-
-
-def _parsed_ids(data: bytes, spans: list[tuple[int, int]], counts: list[int]) -> Any:
-    """The integers of the array spans of data, in order, in one int64 array (an id past 64
-    bits saturates: out of any vocabulary); None when one is not a plain list of integers."""
-    import numpy as np
-
-    text = b",".join(data[start:end] for (start, end), count in zip(spans, counts, strict=True)
-                     if count)
-    if not text:
-        return np.zeros(0, dtype=np.int64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # numpy warns when it stops before the end of the text
-        try:
-            ids = np.fromstring(text, dtype=np.int64, sep=",")
-        except (DeprecationWarning, ValueError):
-            return None
-    return ids if len(ids) == sum(counts) else None
 
 
 def _contents_by_line(chunk: Chunk, first_line: int) -> tuple[_ContentRows, Any, list[int]]:
@@ -295,16 +276,12 @@ def _prompt_content(
 
 def _line_arrays(whole: bytes, spans: list[tuple[int, int]], lines: int) -> list[int] | None:
     """Per line of `whole` (the lines with the array spans emptied), the index of the span it
-    held (-1 for none), found in the emptied bytes; None when a line held more than one."""
+    held (-1 for none); None when a line held more than one."""
     if not spans:
         return [-1] * lines
     import numpy as np  # here: most readers of records never count
 
-    bounds = np.array(spans, dtype=np.int64)
-    lengths = bounds[:, 1] - bounds[:, 0]
-    emptied_at = bounds[:, 0] - (np.cumsum(lengths) - lengths)  # where each span was in whole
-    line_ends = np.flatnonzero(np.frombuffer(whole, dtype=np.uint8) == NEWLINE)
-    owner = np.searchsorted(line_ends, emptied_at)  # the newlines before: the line's index
+    owner = span_lines(whole, spans)
     if len(owner) > 1 and not (np.diff(owner) > 0).all():
         return None
     arrays = np.full(lines, -1, dtype=np.int64)

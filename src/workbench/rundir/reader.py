@@ -27,16 +27,17 @@ from typing import Any, NamedTuple
 import msgspec
 
 from workbench.rundir.columns import FileScan
+from workbench.rundir.id_arrays import IdArrays, of_lists, parse_spans, span_lines
 from workbench.rundir.normalise import ROWS, ROWS_WITH_IDS, Schema, decode_line, to_row
 from workbench.rundir.records import Block, LineProblem, Row, StrPath
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "ID_KEYS",
-    "NEWLINE",
     "Chunk",
     "array_spans",
     "decode_aligned",
+    "decode_arrays",
     "decode_chunk",
     "decode_whole",
     "emptied",
@@ -136,7 +137,7 @@ def decode_aligned(decoder: msgspec.json.Decoder[Any], data: bytes) -> list[Any]
 
 ID_KEYS = (b'"output_ids"', b'"input_ids"')  # token id arrays no reader decodes (but output_ids)
 _INLINE_SPACE = frozenset(b" \t")
-_COLON, _BRACKET, NEWLINE = ord(":"), ord("["), ord("\n")
+_COLON, _BRACKET = ord(":"), ord("[")
 
 
 def _array_after_key(data: bytes, position: int, size: int) -> int:
@@ -190,12 +191,13 @@ def has_nul(data: bytes, size: int) -> bool:
 
 
 def array_spans(
-    data: bytes, size: int, key: bytes, minus: bool = True
+    data: bytes, size: int, key: bytes, minus: bool = True, checked: bool = True,
 ) -> list[tuple[int, int]] | None:
     """[start, end) of the items of every ``"key": [...]`` array in data[:size], or None
-    when one holds a newline or a quote (a torn line with another appended), a minus sign
-    (searched for only when `minus`: the caller found one in the chunk), or is not closed
-    (see :func:`_without_arrays`)."""
+    when one is not closed, or (when `checked`) holds a newline or a quote (a torn line with
+    another appended) or a minus sign (searched for only when `minus`: the caller found one
+    in the chunk; see :func:`_without_arrays`). A caller that parses the items itself, and
+    refuses all three, passes `checked` False."""
     spans: list[tuple[int, int]] = []
     search = 0
     find = data.find
@@ -205,8 +207,8 @@ def array_spans(
         if start < 0:
             continue
         end = find(b"]", start, size)
-        if (end < 0 or find(b"\n", start, end) >= 0 or find(b'"', start, end) >= 0
-                or (minus and find(b"-", start, end) >= 0)):
+        if end < 0 or checked and (find(b"\n", start, end) >= 0 or find(b'"', start, end) >= 0
+                                   or (minus and find(b"-", start, end) >= 0)):
             return None
         spans.append((start, end))
         search = end
@@ -256,6 +258,60 @@ def decode_chunk(
     return rows, problems, len(texts)
 
 
+def decode_arrays(
+    chunk: Chunk, first_line: int
+) -> tuple[list[Row], list[LineProblem], int, IdArrays]:
+    """What :func:`decode_chunk` gives with the output ids, those ids as one array: parsed
+    from the chunk's bytes with the rest of each line decoded in one call (the rows' own
+    ``output_ids`` left None), else the chunk decoded as :func:`decode_chunk` decodes it
+    (the rows keep their lists, the array is built from them)."""
+    found = _arrays_at_once(chunk, first_line)
+    if found is not None:
+        rows, arrays = found
+        return rows, [], len(rows), arrays
+    rows, problems, lines = decode_chunk(chunk, first_line, ROWS_WITH_IDS)
+    return rows, problems, lines, of_lists([row.output_ids for row in rows])
+
+
+def _arrays_at_once(chunk: Chunk, first_line: int) -> tuple[list[Row], IdArrays] | None:
+    """The chunk's rows and their output ids, or None unless every line is one clean object
+    whose top-level ``output_ids`` (if any) is the one array of that key the byte search
+    found in it, and every such array plain non-negative integers
+    (:func:`workbench.rundir.id_arrays.parse_spans`)."""
+    import numpy as np
+
+    data, size = chunk.data, chunk.size
+    if has_nul(data, size):
+        return None
+    outputs = array_spans(data, size, ID_KEYS[0], checked=False)  # parse_spans checks them
+    parsed = None if outputs is None else parse_spans(data, outputs)
+    inputs = None if parsed is None else array_spans(data, size, ID_KEYS[1])
+    if outputs is None or parsed is None or inputs is None:
+        return None
+    spans = sorted(outputs + inputs) if inputs else outputs
+    whole = emptied(data, size, spans) if spans else chunk.whole()
+    items = decode_aligned(ROWS.decoder, whole)
+    if items is None:
+        return None
+    owners = span_lines(whole, spans)
+    if inputs:
+        owned_by = set(outputs)
+        owners = owners[[index for index, span in enumerate(spans) if span in owned_by]]
+    if len(owners) > 1 and not (np.diff(owners) > 0).all():
+        return None  # a line with two output_ids arrays (one nested)
+    owned = np.zeros(len(items), dtype=bool)
+    owned[owners] = True
+    for item, own in zip(items, owned.tolist(), strict=True):
+        if (item.output_ids is not None) != own or (own and item.output_ids):
+            return None  # a nested array only, or a key written with escapes
+    ids, counts = parsed
+    lengths = np.zeros(len(items), dtype=np.int64)
+    lengths[owners] = counts
+    ends = np.cumsum(lengths)
+    rows = [to_row(item, first_line + index, False) for index, item in enumerate(items)]
+    return rows, IdArrays(ids, ends - lengths, ends)
+
+
 def torn_block(chunk: Chunk, line: int) -> Block:
     detail = f"last line has no newline ({chunk.size} bytes): cut short or still being written"
     problem = LineProblem(line, "torn", detail)
@@ -268,11 +324,13 @@ def iter_blocks(
     offset: int = 0,
     first_line: int = 1,
     with_output_ids: bool = False,
+    id_arrays: bool = False,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> Iterator[Block]:
     """Normalised blocks of path from byte offset (a line start) to the end of the file.
 
-    ``first_line`` is the number of the line at offset. A torn last line comes as a final
+    ``first_line`` is the number of the line at offset. With `id_arrays`, each block's
+    output ids come as one array (``Block.ids``, :func:`decode_arrays`), not as lists. A torn last line comes as a final
     block with no rows and a "torn" problem, its offsets both before the line, so a reader
     resuming at the last ``end_offset`` reads it again once it is complete. Raises OSError
     when path cannot be read.
@@ -283,8 +341,11 @@ def iter_blocks(
         if chunk.torn:
             yield torn_block(chunk, line)
             return
-        rows, problems, lines = decode_chunk(chunk, line, schema)
-        yield Block(rows, problems, chunk.offset, chunk.offset + chunk.size, line, lines)
+        if id_arrays:
+            rows, problems, lines, arrays = decode_arrays(chunk, line)
+        else:
+            (rows, problems, lines), arrays = decode_chunk(chunk, line, schema), None
+        yield Block(rows, problems, chunk.offset, chunk.offset + chunk.size, line, lines, arrays)
         line += lines
 
 

@@ -207,6 +207,7 @@ class Block(msgspec.Struct):
     end_offset: int
     first_line: int
     lines: int
+    ids: Any = None  # the rows' output ids in one array (IdArrays) when the reader was asked
 
 
 class PromptRow(NamedTuple):
