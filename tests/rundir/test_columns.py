@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import workbench.analyze.scan as scan_module
-from workbench.analyze import explore, readback
+from workbench.analyze import explore
 from workbench.analyze.scan import RunScan, scan_run
 from workbench.analyze.stats import collect_stats
 from workbench.analyze.subset import compare_subsets
@@ -227,7 +227,6 @@ def test_rows_are_read_back_from_their_own_blocks(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(scan_module, "SCAN_BLOCK_BYTES", 600)
-    monkeypatch.setattr(readback, "SCAN_BLOCK_BYTES", 600)
     scan = scan_run(run, cache=False)
     index = scan.files["a"]
     lines = {index.columns.line[1], index.columns.line[-1]}
@@ -240,7 +239,7 @@ def test_rows_are_read_back_from_their_own_blocks(
             yield block
 
     monkeypatch.setattr(reader, "iter_blocks", recording)
-    rows = readback._rows_at(run / "a" / "raw_responses.jsonl", lines, index)
+    rows = reader.rows_at(run / "a" / "raw_responses.jsonl", lines, index, block_bytes=600)
     assert sorted(rows) == sorted(lines)
     assert all(rows[line].output_ids is not None for line in lines)
     assert len(index.blocks) > 20 and len(blocks_read) <= 4

@@ -32,10 +32,9 @@ import pandas as pd
 from workbench.analyze.findings import ValidationReport
 from workbench.analyze.frames import RunSource, scanned
 from workbench.analyze.rules import dataset_checker
-from workbench.analyze.scan import SCAN_BLOCK_BYTES, RunScan
+from workbench.analyze.scan import RunScan
 from workbench.errors import ConfigError
 from workbench.profiles import ModelProfile
-from workbench.rundir.columns import FileScan
 from workbench.rundir.layout import PROMPTS_FILE, RAW_FILE
 from workbench.rundir.reader import rows_at
 from workbench.rundir.records import Row
@@ -50,10 +49,6 @@ __all__ = [
     "samples",
     "search_replies",
 ]
-
-
-def _rows_at(path: Path, lines: set[int], index: FileScan | None = None) -> dict[int, Row]:
-    return rows_at(path, lines, index, SCAN_BLOCK_BYTES)
 
 
 def _decoder(tokenizer: str | os.PathLike[str] | None) -> Any:
@@ -116,7 +111,7 @@ def examples_table(
     for ds in run.datasets:
         findings = report.datasets[ds.name].findings
         wanted = {e.line for f in findings for e in f.examples if e.file == RAW_FILE}
-        records = _rows_at(ds.raw_path, wanted, scan.files.get(ds.name) if scan else None)
+        records = rows_at(ds.raw_path, wanted, scan.files.get(ds.name) if scan else None)
         prompt_keys = _prompt_keys_at(ds.prompts_path, {e.line for f in findings for e in f.examples
                                                         if e.file == PROMPTS_FILE})
         for finding in findings:
@@ -264,7 +259,7 @@ def samples(
     for ds in run.datasets:
         lines = chosen.loc[chosen["dataset"] == ds.name, "line"].tolist()
         checker = dataset_checker(ds, profile)
-        found = _rows_at(ds.raw_path, set(lines), scan.files.get(ds.name))
+        found = rows_at(ds.raw_path, set(lines), scan.files.get(ds.name))
         for line, row in sorted(found.items()):
             shown.append(_sample(ds.name, row, profile, checker.reasoning_of(row.mode), decoder,
                                  chars))
@@ -356,7 +351,7 @@ def record_detail(
     none); with a scan, only the block holding it is read."""
     scan = scanned(run_dir, model_profile)
     profile, ds = scan.profile, scan.run.dataset(dataset)
-    row = _rows_at(ds.raw_path, {line}, scan.files.get(ds.name)).get(line)
+    row = rows_at(ds.raw_path, {line}, scan.files.get(ds.name)).get(line)
     if row is None:
         raise ConfigError("line", f"{ds.raw_path}: no readable record at line {line}")
     checker = dataset_checker(ds, profile)
@@ -392,7 +387,7 @@ def search_replies(
     for ds in scan.run.datasets:
         lines = searched.loc[searched["dataset"].astype(str) == ds.name, "line"]
         todo = {int(n) for n in lines if (ds.name, int(n)) not in store}
-        for at, row in _rows_at(ds.raw_path, todo, scan.files.get(ds.name)).items():
+        for at, row in rows_at(ds.raw_path, todo, scan.files.get(ds.name)).items():
             store[(ds.name, at)] = _show(row.output_ids or [], decoder, names).casefold()
     needle = text.casefold()
     keys = zip(searched["dataset"].astype(str), searched["line"].astype(int), strict=True)

@@ -9,9 +9,12 @@ meanwhile (:mod:`workbench.rundir.prompt_scan`), and the findings of each datase
 from both (:mod:`workbench.analyze.findings`). A report, the stats of that report and the
 explorer then count the very same records.
 
-Large files are cut into byte ranges at line starts and checked by worker processes; every
-range streams its blocks, so memory stays bounded by the block size times the workers (plus
-one small entry per record: its columns, the sample id for the duplicate and orphan rules).
+Each block's output ids come as one array (:func:`~workbench.rundir.reader.iter_blocks` with
+``id_arrays``): the format rules and the quality figures (:mod:`workbench.rundir.figures`)
+take them from it in the same pass. Large files are cut into byte ranges at line starts and
+checked by worker processes; every range streams its blocks, so memory stays bounded by the
+block size times the workers (plus one small entry per record: its columns, the sample id
+for the duplicate and orphan rules).
 The scan of each file is cached beside it, and a file that grew is read from where the last
 scan stopped (:mod:`workbench.rundir.columns`).
 """

@@ -125,7 +125,7 @@ def _span_counts(spans: Sequence[tuple[int, int]], blank: list[bool], commas: An
                         if not empty], dtype=np.int64)
     at = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1] + 1, out=at[1:])
-    pieces = np.add.reduceat(commas.view(np.uint8), at, dtype=np.int64)
+    pieces = np.add.reduceat(commas.view(np.uint8), at, dtype=np.uint32)  # < 2**32 per piece
     pieces[-1] += 1
     counts = iter(pieces.tolist())
     return [0 if empty else next(counts) for empty in blank]

@@ -6,6 +6,9 @@
 memory. Each line becomes a Row as :mod:`workbench.rundir.normalise` says. A chunk of clean
 lines is decoded in one call, its token id arrays emptied first by a byte search (parsing
 their digits is most of a scan's cost); a chunk holding a bad line is decoded line by line.
+A reader that wants the output ids as numbers (validation: ``id_arrays``) gets them in one
+int64 array per chunk, their digits parsed in one numpy call
+(:mod:`workbench.rundir.id_arrays`), never as Python lists.
 
 Every reader sees the same lines as records, whether it reads the output ids or not: a line
 whose ``output_ids`` array would not decode as non-negative ints (a NUL byte, a minus sign, a
@@ -48,6 +51,7 @@ __all__ = [
     "parse_lines",
     "paused_gc",
     "read_rows",
+    "ROWS_AT_BLOCK_BYTES",
     "rows_at",
     "split_lines",
     "torn_block",
@@ -385,10 +389,14 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+ROWS_AT_BLOCK_BYTES = 256 << 10  # the scan's blocks (an index's) are this long: read no more
+
+
 def rows_at(path: Path, lines: set[int], index: FileScan | None = None,
-            block_bytes: int = DEFAULT_BLOCK_BYTES) -> dict[int, Row]:
+            block_bytes: int = ROWS_AT_BLOCK_BYTES) -> dict[int, Row]:
     """The rows (with output ids) at the given line numbers of a raw file: read from the
-    block holding each (in the scan's block index), else from the file's start."""
+    block holding each (in the scan's block index), else from the file's start, in reads of
+    `block_bytes` up to the last line wanted."""
     found: dict[int, Row] = {}
     if not lines or not path.is_file():
         return found

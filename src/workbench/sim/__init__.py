@@ -8,7 +8,18 @@
 
 from __future__ import annotations
 
-from workbench.sim.app import create_app, serve
+from typing import Any
+
 from workbench.sim.config import SimConfig, add_sim_arguments, config_from_args
 
 __all__ = ["SimConfig", "add_sim_arguments", "config_from_args", "create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    """The app and server on first use: every CLI verb builds the sim's flags (config), and
+    importing the app (starlette, the engine, httpx) would cost each a quarter second."""
+    if name in ("create_app", "serve"):
+        from workbench.sim import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
