@@ -65,6 +65,27 @@ def test_the_template_is_found_and_prompts_compare_on_their_questions() -> None:
     assert "without their template, 29" in template.text()
 
 
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.9, 1.0])
+def test_the_template_is_each_shingle_held_by_the_share_of_distinct_rows(share: float) -> None:
+    """Against a count of each shingle's rows with Python sets: pieces of a template that
+    some rows hold, each in a few rows of many, copies counted once."""
+    rng = random.Random(5)
+    prompts = [[*TEMPLATE[:rng.randrange(0, 300)], *question(i, rng.randrange(0, 40)),
+                *TEMPLATE[rng.randrange(100, 300):]] for i in range(300)]
+    prompts += prompts[:50]  # copies
+    flat, starts, ends = rows(prompts)
+    hashes, row = sketch.ngram_hashes(flat, starts, ends, sketch.DEFAULT_SHINGLE)
+    holders: dict[int, set[int]] = {}
+    for value, index in zip(hashes.tolist(), row.tolist(), strict=True):
+        holders.setdefault(value, set()).add(index)
+    need = max(2, int(np.ceil(share * 300 - 1e-9)))  # 300 distinct rows
+    expected = sorted(value for value, held in holders.items()
+                      if len({tuple(prompts[i]) for i in held}) >= need)
+    template = sketch.template_shingles(flat, starts, ends, share=share)
+    assert template.rows == 300 and template.shingles.tolist() == expected
+    assert share == 1.0 or len(expected) > 10
+
+
 def test_copies_count_once_and_few_rows_make_no_template() -> None:
     copies = [question(0)] * 30 + [question(i) for i in range(1, 11)]
     template = sketch.template_shingles(*rows(copies))
