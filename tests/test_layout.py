@@ -48,6 +48,7 @@ MAX_CLASS_LINES = 300
 DEFERRED = {
     "workbench.cli": "each verb imports only its own stage, so a quick verb starts quickly",
     "workbench.report.explorer": "ipywidgets only in JupyterLab, never in a papermill report",
+    "workbench.sim": "the app on first use: every verb builds the simulator's flags",
 }
 
 

@@ -37,6 +37,7 @@ from workbench.rundir.records import Block, LineProblem, Row, StrPath
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "ID_KEYS",
+    "ROWS_AT_BLOCK_BYTES",
     "Chunk",
     "array_spans",
     "decode_aligned",
@@ -51,7 +52,6 @@ __all__ = [
     "parse_lines",
     "paused_gc",
     "read_rows",
-    "ROWS_AT_BLOCK_BYTES",
     "rows_at",
     "split_lines",
     "torn_block",
