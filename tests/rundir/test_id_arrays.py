@@ -136,3 +136,4 @@ def test_a_torn_last_line_is_a_block_without_rows(tmp_path: Any) -> None:
        compact=st.booleans())
 def test_any_block_reads_as_the_lists_reader_reads_it(values: list[Any], compact: bool) -> None:
     _read_both(b"".join(dump(v, compact) for v in values))
+
