@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[notebooks,tokenizers]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[notebooks,tokenizers,fast]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python

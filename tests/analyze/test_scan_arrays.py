@@ -8,18 +8,21 @@ import pytest
 from test_validate import END, GOOD, TE, TS, plant, record, write_run_json
 
 from workbench.analyze.scan import scan_run
-from workbench.rundir import reader
+from workbench.rundir import id_arrays, reader
 
 LOOP = [*range(101, 111)] * 8
 FRACTION = (b'{"sample_id": 12, "output_ids": [1, 2.5], "prompt_tokens": 5, "completion_tokens": 2,'
             b' "cached_tokens": 0, "finish_reason": "stop", "e2e_latency": 1.0, "ts": 1.0}\n')
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 def test_every_rule_and_column_reads_the_same_from_arrays_as_from_lists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool,
 ) -> None:
     """The rules take each reply as a view of its block's array (details with positions
     included), or as the list a block read line by line keeps."""
+    if not compiled:
+        monkeypatch.setattr(id_arrays, "_COMPILED", [None])
     records = [
         record(1), record(2, [101, TE, 201, TE, 202, END]), record(3, [TS, 101, TE, 201, END]),
         record(4, [101, 999_999, TE, 201, END]), record(5, [END]), record(6, [101, TE, END]),

@@ -12,10 +12,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_records import JSON, dump
 
+from workbench.rundir import id_arrays
 from workbench.rundir.id_arrays import parse_spans
 from workbench.rundir.normalise import ROWS_WITH_IDS
 from workbench.rundir.reader import Chunk, _arrays_at_once, decode_arrays, decode_chunk, iter_blocks
 from workbench.rundir.records import Row
+
+KERNEL = id_arrays._kernel()  # numba's loop, whatever a test's parser
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with numba's compiled loop and with numpy's parse (no numba)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(id_arrays, "_COMPILED", [None])
+    else:
+        assert id_arrays._kernel() is not None, "the test extra installs numba"
+    return str(request.param)
 
 
 def _spans(*items: bytes) -> tuple[bytes, list[tuple[int, int]]]:
@@ -137,3 +150,16 @@ def test_a_torn_last_line_is_a_block_without_rows(tmp_path: Any) -> None:
 def test_any_block_reads_as_the_lists_reader_reads_it(values: list[Any], compact: bool) -> None:
     _read_both(b"".join(dump(v, compact) for v in values))
 
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(st.text(alphabet="0123456789, \t\r-+.e", max_size=12)
+                      | st.lists(st.integers(0, 10**19), max_size=4).map(
+                          lambda ids: ", ".join(map(str, ids))), max_size=5))
+def test_the_compiled_loop_and_numpy_agree_on_any_span(items: list[str]) -> None:
+    data, spans = _spans(*(item.encode() for item in items))
+    compiled = id_arrays._parse_compiled(KERNEL, data, spans)
+    numpy = id_arrays._parse_numpy(data, spans)
+    assert (compiled is None) == (numpy is None)
+    if compiled is not None and numpy is not None:
+        assert compiled[0].tolist() == numpy[0].tolist() and compiled[1] == numpy[1]
