@@ -113,7 +113,8 @@ def test_the_scheduler_in_lab_renders_a_report_with_the_job_parameters(
             button = page.locator('[data-command="scheduling:create-from-notebook"]').first
             button.click()  # the extension's form, on this notebook
             page.get_by_text("Create Job").first.wait_for()
-            assert page.locator("input[value='token_distribution.ipynb'], input[value='token_distribution']").count() >= 1
+            named = "input[value='token_distribution.ipynb'], input[value='token_distribution']"
+            page.locator(named).first.wait_for()  # the form fills in after its title shows
         except Exception:
             page.screenshot(path=str(tmp_path / "scheduler-lab-failure.png"), full_page=True)
             raise
