@@ -10,7 +10,8 @@ The readers (:mod:`workbench.rundir.reader` for the output ids of records,
 :mod:`workbench.rundir.prompt_reader` for the input ids of prompts) find every id array of a
 block by a byte search, decode the rest of each line in one call and hand the arrays' digits
 here, parsed in one call: a loop compiled by numba when it is installed (the ``fast`` extra,
-about 6 ns an id), else one ``numpy.fromstring`` over them all (about 15 ns an id); either
+about 12 ns an id with its checks), else one ``numpy.fromstring`` over them all (about 21 ns
+an id with its checks); either
 is several times faster than decoding each id into a Python int and turning the lists into
 an array, and both give the same answers. The parse is as strict as JSON, so a block it
 takes gives exactly what decoding each line would; a block it does not take (a fraction, an
