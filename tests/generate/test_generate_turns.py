@@ -262,7 +262,9 @@ def test_a_token_budget_counts_every_turn(tmp_path: Path, shared_sim: ServerProc
     assert done.returncode == 0, done.stderr
     records = jsonl(out / "chat" / "raw_responses.jsonl")
     tokens = sum(r["completion_tokens"] for r in records)
-    assert 3000 <= tokens < 3000 + 4 * 256  # stopped at the budget (in-flight turns finish)
+    # stopped at the budget: under it by one reply at the cap (the default max_new_tokens,
+    # 2048) at most, as the projection keeps room for one; over it by the turns in flight
+    assert 3000 - 2048 <= tokens < 3000 + 4 * 256
     assert any(r["turn"] > 0 for r in records) and len(records) < 90
     assert f"{tokens} completion tokens, budget 3000 tokens" in done.stdout
     again = workbench("generate", "--datasets", str(manifest), "--server", shared_sim.url,
