@@ -22,7 +22,7 @@ def test_every_rule_and_column_reads_the_same_from_arrays_as_from_lists(
     """The rules take each reply as a view of its block's array (details with positions
     included), or as the list a block read line by line keeps."""
     if not compiled:
-        monkeypatch.setattr(id_arrays, "_COMPILED", [None])
+        monkeypatch.setattr(id_arrays, "_kernel", lambda: None)
     records = [
         record(1), record(2, [101, TE, 201, TE, 202, END]), record(3, [TS, 101, TE, 201, END]),
         record(4, [101, 999_999, TE, 201, END]), record(5, [END]), record(6, [101, TE, END]),

@@ -60,8 +60,7 @@ from workbench.rundir.figures import (
     load_figures,
     overlaps_path,
 )
-from workbench.rundir.id_arrays import IdArrays, of_lists
-from workbench.rundir.id_arrays import prepare as prepare_parser
+from workbench.rundir.id_arrays import IdArrays, of_lists, prepare
 from workbench.rundir.layout import RAW_FILE, DatasetDir
 from workbench.rundir.reader import iter_blocks, paused_gc
 from workbench.rundir.records import Block, Row
@@ -306,7 +305,7 @@ def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[FileSc
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    prepare_parser()  # once here, not in every worker
+    prepare()  # the id parser ready once here, not in every worker
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         yield pool.map(_scan_range, jobs)
 

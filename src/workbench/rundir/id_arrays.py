@@ -11,9 +11,8 @@ The readers (:mod:`workbench.rundir.reader` for the output ids of records,
 block by a byte search, decode the rest of each line in one call and hand the arrays' digits
 here, parsed in one call: a loop compiled by numba when it is installed (the ``fast`` extra,
 about 12 ns an id with its checks), else one ``numpy.fromstring`` over them all (about 21 ns
-an id with its checks); either
-is several times faster than decoding each id into a Python int and turning the lists into
-an array, and both give the same answers. The parse is as strict as JSON, so a block it
+an id); either is several times faster than decoding each id into a Python int and turning
+the lists into an array, and both give the same answers. The parse is as strict as JSON, so a block it
 takes gives exactly what decoding each line would; a block it does not take (a fraction, an
 exponent, ``true`` or a sign inside an array, a leading zero, a tab, an id of 19 digits or
 more) is read line by line by the caller, where JSON decides.
@@ -21,11 +20,12 @@ more) is read line by line by the caller, where JSON decides.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["IdArrays", "of_lists", "parse_spans", "prepare", "span_lines"]
+__all__ = ["IdArrays", "of_lists", "one_per_line", "parse_spans", "prepare", "span_lines"]
 
 _NEWLINE, _COMMA, _SPACE, _ZERO = ord("\n"), ord(","), ord(" "), ord("0")
 _MAX_DIGITS = 18  # an id of more digits may not fit int64: such a block is read line by line
@@ -89,9 +89,7 @@ def _parse_compiled(kernel: Any, data: bytes, spans: Sequence[tuple[int, int]],
 
 
 def _parse_numpy(data: bytes, spans: Sequence[tuple[int, int]]) -> tuple[Any, list[int]] | None:
-    """(ids, items per span) of the arrays whose items are ``data[start:end]`` for each span, or
-    None unless every one is a JSON array of non-negative integers of at most 18 digits with
-    spaces around its commas at most (what the caller then reads line by line).
+    """:func:`parse_spans` without numba.
 
     The non-blank spans are joined by commas and parsed in one ``numpy.fromstring`` call. It
     reads ``ws? int (ws? , ws? int)* ws?`` and warns when it stops early (two commas, a
@@ -159,6 +157,13 @@ def _span_counts(spans: Sequence[tuple[int, int]], blank: list[bool], commas: An
     return [0 if empty else next(counts) for empty in blank]
 
 
+def one_per_line(owners: Any) -> bool:
+    """Whether no two of the spans whose lines are `owners` (:func:`span_lines`) share one."""
+    import numpy as np
+
+    return len(owners) < 2 or bool((np.diff(owners) > 0).all())
+
+
 def span_lines(whole: bytes, spans: Sequence[tuple[int, int]]) -> Any:
     """The line (0-based) of `whole` that held each span, `whole` being the lines with every
     span emptied (:func:`workbench.rundir.reader.emptied`): int64 array, one entry per span."""
@@ -176,24 +181,18 @@ def span_lines(whole: bytes, spans: Sequence[tuple[int, int]]) -> Any:
 
 # --- the compiled loop (numba, when installed) ------------------------------------------------
 
-_COMPILED: list[Any] = []  # [kernel or None], filled on first use
-
-
+@functools.cache
 def _kernel() -> Any:
     """The compiled span parser, or None without numba (compiled on first use, and kept in
     numba's cache so the next process loads it)."""
-    if not _COMPILED:
-        try:
-            import numba
-        except ImportError:
-            _COMPILED.append(None)
-        else:
-            try:
-                kernel = numba.njit(cache=True, nogil=True)(_parse_loop)
-            except RuntimeError:  # no folder numba may write its cache in: compile each time
-                kernel = numba.njit(nogil=True)(_parse_loop)
-            _COMPILED.append(kernel)
-    return _COMPILED[0]
+    try:
+        import numba
+    except ImportError:
+        return None
+    try:
+        return numba.njit(cache=True, nogil=True)(_parse_loop)
+    except RuntimeError:  # no folder numba may write its cache in: compile each time
+        return numba.njit(nogil=True)(_parse_loop)
 
 
 def prepare() -> None:

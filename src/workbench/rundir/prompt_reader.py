@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
 
-from workbench.rundir.id_arrays import parse_spans, span_lines
+from workbench.rundir.id_arrays import one_per_line, parse_spans, span_lines
 from workbench.rundir.normalise import ROWS, Line, line_sample_id
 from workbench.rundir.reader import (
     ID_KEYS,
@@ -282,7 +282,7 @@ def _line_arrays(whole: bytes, spans: list[tuple[int, int]], lines: int) -> list
     import numpy as np  # here: most readers of records never count
 
     owner = span_lines(whole, spans)
-    if len(owner) > 1 and not (np.diff(owner) > 0).all():
+    if not one_per_line(owner):
         return None
     arrays = np.full(lines, -1, dtype=np.int64)
     arrays[owner] = np.arange(len(spans))

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from workbench.rundir.columns import FileScan
-from workbench.rundir.id_arrays import IdArrays, of_lists, parse_spans, span_lines
+from workbench.rundir.id_arrays import IdArrays, of_lists, one_per_line, parse_spans, span_lines
 from workbench.rundir.normalise import ROWS, ROWS_WITH_IDS, Schema, decode_line, to_row
 from workbench.rundir.records import Block, LineProblem, Row, StrPath
 
@@ -301,7 +301,7 @@ def _arrays_at_once(chunk: Chunk, first_line: int) -> tuple[list[Row], IdArrays]
     if inputs:
         owned_by = set(outputs)
         owners = owners[[index for index, span in enumerate(spans) if span in owned_by]]
-    if len(owners) > 1 and not (np.diff(owners) > 0).all():
+    if not one_per_line(owners):
         return None  # a line with two output_ids arrays (one nested)
     owned = np.zeros(len(items), dtype=bool)
     owned[owners] = True
