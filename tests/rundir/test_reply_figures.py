@@ -179,11 +179,12 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
          "max_samples": 24, "chat_template_kwargs": {"thinking": True}},
     ], shared_sim)
     computed: list[int] = []
-    original = sketch.split_repeat_share
+    original = sketch.repeats_and_signatures
 
-    def counting(ids: np.ndarray, starts: np.ndarray, *args: object) -> np.ndarray:
+    def counting(ids: np.ndarray, starts: np.ndarray, *args: object,
+                 **kwargs: object) -> tuple[np.ndarray, np.ndarray]:
         computed.append(len(starts))
-        return original(ids, starts, *args)  # type: ignore[arg-type]
+        return original(ids, starts, *args, **kwargs)  # type: ignore[arg-type]
 
     signed: list[int] = []
     signatures = sketch.signatures
@@ -193,12 +194,12 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
         signed.append(len(starts))
         return signatures(ids, starts, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sketch, "split_repeat_share", counting)
+    monkeypatch.setattr(sketch, "repeats_and_signatures", counting)
     monkeypatch.setattr(sketch, "signatures", counting_signatures)
     kept = scan_run(out, cache=False, figures=True, workers=1)
     assert sum(computed) == 0 and sum(signed) == 0  # replies' and prompts' figures taken
     again = scan_run(out, cache=False, figures=False, workers=1)
-    assert sum(computed) == 24 and sum(signed) == 48  # computed: 24 replies, 24 prompts
+    assert sum(computed) == 24 and sum(signed) == 24  # computed: 24 replies, 24 prompts
     assert kept.report == again.report
 
 

@@ -325,8 +325,8 @@ def _id_stats(flat: _Flat, replies: list[Reply], checker: RecordChecker, *,
     ngram = checker.repetition_ngram
     quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
                else None)
-    repeat: list[float] = (quality.repeat if quality is not None else sketch.split_repeat_share(
-        ids, flat.starts, flat.ends, split, ngram)).tolist()
+    repeat: list[float] = (quality.repeat if quality is not None else sketch.repeats_and_signatures(
+        ids, flat.starts, flat.ends, split, ngram, num_perm=0)[0]).tolist()
     if not facts:
         return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat,
                        replies, quality)

@@ -65,6 +65,7 @@ from workbench.rundir.layout import RAW_FILE, DatasetDir
 from workbench.rundir.reader import iter_blocks, paused_gc
 from workbench.rundir.records import Block, Row
 from workbench.rundir.run import RunInfo, load_run
+from workbench.sketch import compiled
 
 __all__ = ["MIN_RANGE_BYTES", "SCAN_BLOCK_BYTES", "RunScan", "scan_run"]
 
@@ -305,7 +306,8 @@ def _job_runner(jobs: list[_RangeJob], workers: int) -> Iterator[Iterator[FileSc
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    prepare()  # the id parser ready once here, not in every worker
+    prepare()  # the id parser and the figures' pass ready once here, not in every worker
+    compiled.prepare()
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         yield pool.map(_scan_range, jobs)
 

@@ -174,10 +174,9 @@ def reply_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: 
         repeat[found[0]], signature[found[0]] = picked["repeat"], picked["signature"]
     if len(missing):
         first, last = starts[missing], ends[missing]
-        repeat[missing] = sketch.split_repeat_share(ids, first, last,
-                                                    np.asarray(split)[missing], ngram)
-        signature[missing] = sketch.signatures(ids, first, sketch.clipped(first, last),
-                                               num_perm=NUM_PERM).astype(SIGNATURE_DTYPE)
+        repeat[missing], sigs = sketch.repeats_and_signatures(
+            ids, first, last, np.asarray(split)[missing], ngram, num_perm=NUM_PERM)
+        signature[missing] = sigs
     return ReplyFigures(digest, repeat, signature)
 
 

@@ -14,6 +14,9 @@ and works with a few numpy passes over the whole block, never a Python loop over
     minhash: near duplicates
       signatures         per row: a MinHash signature over shingles (near duplicates)
       near_duplicates    per row: the first earlier row of estimated Jaccard >= threshold, or -1
+    compiled: both at once
+      repeats_and_signatures  per row: its split_repeat_share and its signature, in one pass
+                         over its ids (compiled with numba, the ``fast`` extra, where installed)
     template: a dataset's template
       template_shingles  the shingles most of a dataset's rows hold, left out before MinHash
     words: words and their hashes
@@ -44,6 +47,7 @@ from workbench.sketch.benchmarks import (
     Benchmarks,
     Decontamination,
 )
+from workbench.sketch.compiled import repeats_and_signatures
 from workbench.sketch.hashing import MAX_ROW_IDS, clipped, ngram_hashes
 from workbench.sketch.minhash import (
     DEFAULT_NUM_PERM,
@@ -96,6 +100,7 @@ __all__ = [
     "ngram_hashes",
     "normalise_words",
     "repeat_share",
+    "repeats_and_signatures",
     "signatures",
     "split_repeat_share",
     "template_shingles",

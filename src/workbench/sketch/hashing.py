@@ -56,6 +56,7 @@ def clipped(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 # The seed of the token hash (fixed: equal across processes; every hash of the package has
 # its own seed, in the module that owns it).
 _SEED_TOKEN = 0x243F6A8885A308D3
+_MIX_OFFSET = 0x9E3779B97F4A7C15  # added to every seed before mixing
 
 
 # --- hashing primitives -----------------------------------------------------------------------
@@ -64,7 +65,7 @@ _SEED_TOKEN = 0x243F6A8885A308D3
 def mix(x: np.ndarray, seed: int = 0) -> np.ndarray:
     """splitmix64 of x + seed, elementwise (a new uint64 array): a bijection of 64-bit values
     whose outputs look random, so small ids and neighbouring values spread over all bits."""
-    z = np.asarray(x, dtype=_U64) + _U64((seed + 0x9E3779B97F4A7C15) % (1 << 64))
+    z = np.asarray(x, dtype=_U64) + _U64((seed + _MIX_OFFSET) % (1 << 64))
     z ^= z >> _U64(30)
     z *= _U64(0xBF58476D1CE4E5B9)
     z ^= z >> _U64(27)

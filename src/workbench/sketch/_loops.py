@@ -1,0 +1,176 @@
+"""The compiled loops of :mod:`workbench.sketch.compiled` (imported only with numba)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+
+from workbench.sketch import minhash
+from workbench.sketch.hashing import MAX_ROW_IDS
+
+
+def _jit(function: Callable[..., Any]) -> Any:
+    """numba.njit with numba's cache, or without it where it has no folder to write in."""
+    try:
+        return numba.njit(cache=True, nogil=True)(function)
+    except RuntimeError:
+        return numba.njit(nogil=True)(function)
+
+
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_K1, _K2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_VALUE_BITS = np.uint64(minhash._VALUE_BITS)
+_VALUE_MASK = minhash._VALUE_MASK
+_BIN_SHIFT = np.uint64(64 - minhash._VALUE_BITS)
+_EMPTY = np.uint64(minhash._EMPTY)
+_MAX_ROW = MAX_ROW_IDS
+
+
+@_jit
+def _mix(z: Any) -> Any:
+    """splitmix64's finaliser (:func:`workbench.sketch.hashing.mix` after its offset)."""
+    z = (z ^ (z >> _S30)) * _K1
+    z = (z ^ (z >> _S27)) * _K2
+    return z ^ (z >> _S31)
+
+
+@_jit
+def _window_sum(mixed: Any, offset: int, n: int, base: Any) -> Any:
+    """sum_j mixed[offset + j] * base**j over j < n (mod 2**64)."""
+    total = np.uint64(0)
+    for j in range(n - 1, -1, -1):
+        total = total * base + mixed[offset + j]
+    return total
+
+
+@_jit
+def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: Any, top: Any,
+             marks: Any, keys: Any, cells: Any, generation: int) -> int:
+    """The ids of mixed[offset:offset + length] inside an n-gram whose hash another n-gram
+    of it has: a hash table of the whole hashes, whose cells hold `generation` (this part's)
+    in their high 32 bits and the first window of the hash in the low ones."""
+    mask = 1
+    while mask < 2 * length:
+        mask *= 2
+    mask -= 1
+    umask = np.uint64(mask)
+    windows = length - n + 1
+    tag = generation << 32
+    total = _window_sum(mixed, offset, n, base)
+    for p in range(windows):
+        if p:
+            total = (total - mixed[offset + p - 1]) * inverse + mixed[offset + p + n - 1] * top
+        key = total  # its hash is a bijection of it: the same equalities, one mix less
+        marks[p] = False
+        slot = key & umask
+        while True:
+            cell = cells[slot]
+            if cell >> 32 != generation:
+                cells[slot] = tag | p
+                keys[slot] = key
+                break
+            if keys[slot] == key:
+                marks[p] = True
+                marks[cell & 0xFFFFFFFF] = True
+                break
+            slot = (slot + np.uint64(1)) & umask
+    covered = 0
+    reach = 0
+    for p in range(windows):
+        if marks[p]:
+            low = max(p, reach)
+            reach = p + n
+            covered += reach - low
+    return covered
+
+
+@_jit
+def _densify(out: Any, probes: Any) -> None:
+    """Fill each empty cell of one signature as :func:`workbench.sketch.minhash._densified`."""
+    num_perm = len(out)
+    filled = out != _EMPTY
+    count = filled.sum()
+    if count == num_perm:
+        return
+    table = out.copy()
+    if count == 1:
+        out[:] = table[np.argmax(filled)]
+        return
+    attempts = probes.shape[1]
+    for cell in range(num_perm):
+        if filled[cell]:
+            continue
+        done = False
+        for attempt in range(attempts):
+            donor = probes[cell, attempt]
+            if filled[donor]:
+                out[cell] = table[donor]
+                done = True
+                break
+        if not done:
+            for step in range(num_perm):
+                donor = (cell + step + 1) % num_perm
+                if filled[donor]:
+                    out[cell] = table[donor]
+                    break
+
+
+@_jit
+def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: Any, repeat: Any,
+                 table: Any, n: int, shingle: int, probes: Any, token_seed: Any, base: Any,
+                 inverse: Any, top_n: Any, top_shingle: Any, seed_shingle: Any) -> None:
+    """Each row's split loop share into `repeat` and its signature into `table` (none when
+    `table` has no column)."""
+    num_perm = table.shape[1]
+    perm = np.uint64(num_perm)
+    longest = 1
+    for row in range(len(starts)):
+        longest = max(longest, min(ends[row] - starts[row], _MAX_ROW))
+    mixed = np.empty(2 * longest + 2, dtype=np.uint64)
+    marks = np.zeros(longest + 1, dtype=np.bool_)
+    size = 1
+    while size < 2 * longest:
+        size *= 2
+    keys = np.empty(size, dtype=np.uint64)
+    cells = np.zeros(size, dtype=np.int64)
+    generation = 0
+    for row in range(len(starts)):
+        start, end = starts[row], ends[row]
+        cut = end if split[row] < 0 else start + split[row]
+        after = end if split[row] < 0 else cut + 1
+        first_end = min(cut, start + _MAX_ROW)
+        second_end = min(end, after + _MAX_ROW)
+        last = min(end, start + _MAX_ROW)
+        high = max(last, second_end)
+        for p in range(start, high):  # the token hash, once per id
+            mixed[p - start] = _mix(np.uint64(values[p]) + token_seed)
+        covered = 0.0
+        looked = 0
+        for a, b in ((start, first_end), (after, second_end)):
+            length = b - a
+            looked += length
+            if length >= 2 * n:
+                generation += 1
+                found = _covered(mixed, a - start, length, n, base, inverse, top_n, marks, keys,
+                                 cells, generation)
+                covered += np.float64(np.float32(found / length)) * length
+        repeat[row] = covered / max(looked, 1)
+        if not num_perm:
+            continue
+        out = table[row]
+        out[:] = _EMPTY
+        if last - start < shingle:
+            hashed = short_hash[row]
+            out[np.int64(((hashed >> _VALUE_BITS) * perm) >> _BIN_SHIFT)] = hashed & _VALUE_MASK
+        else:
+            total = _window_sum(mixed, 0, shingle, base)
+            for p in range(last - start - shingle + 1):
+                if p:
+                    total = (total - mixed[p - 1]) * inverse + mixed[p + shingle - 1] * top_shingle
+                hashed = _mix(total + seed_shingle)
+                cell = np.int64(((hashed >> _VALUE_BITS) * perm) >> _BIN_SHIFT)
+                out[cell] = min(out[cell], hashed & _VALUE_MASK)
+        _densify(out, probes)
