@@ -26,7 +26,7 @@ PACKAGE = Path(workbench.__file__).resolve().parent
 
 # Lower layers first; a module may import its own package and any package of a lower layer.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    {"__init__", "errors"},
+    {"__init__", "errors", "compiling"},
     {"profiles", "resources", "text", "sketch", "modes"},
     {"config", "tokenizer"},
     {"chat"},
@@ -49,6 +49,9 @@ DEFERRED = {
     "workbench.cli": "each verb imports only its own stage, so a quick verb starts quickly",
     "workbench.report.explorer": "ipywidgets only in JupyterLab, never in a papermill report",
     "workbench.sim": "the app on first use: every verb builds the simulator's flags",
+    "workbench.rundir.id_arrays": "numba's parser where installed, imported on first use",
+    "workbench.sketch.compiled": "numba's loops where installed, imported on first use",
+    "workbench.analyze.id_facts": "numba's pass where installed, imported on first use",
 }
 
 

@@ -110,6 +110,7 @@ def test_the_share_alone_and_other_signature_widths() -> None:
         share, sigs = repeats_and_signatures(ids, starts, ends, split, num_perm=width)
         want_repeat, want_sigs = numpy_figures(ids, starts, ends, split, 10, width)
         np.testing.assert_array_equal(share, repeat)
+        np.testing.assert_array_equal(share, want_repeat)
         np.testing.assert_array_equal(sigs, want_sigs)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -158,6 +159,19 @@ def test_any_block_reads_as_the_lists_reader_reads_it(values: list[Any], compact
                           lambda ids: ", ".join(map(str, ids))), max_size=5))
 def test_the_compiled_loop_and_numpy_agree_on_any_span(items: list[str]) -> None:
     data, spans = _spans(*(item.encode() for item in items))
+    compiled = id_arrays._parse_compiled(KERNEL, data, spans)
+    numpy = id_arrays._parse_numpy(data, spans)
+    assert (compiled is None) == (numpy is None)
+    if compiled is not None and numpy is not None:
+        assert compiled[0].tolist() == numpy[0].tolist() and compiled[1] == numpy[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="0123456789, ", max_size=40), cuts=st.lists(st.integers(0, 40)))
+def test_a_span_ends_where_it_is_told_even_inside_an_id(text: str, cuts: list[int]) -> None:
+    data = text.encode()  # no brackets: a span may end before the digits do
+    bounds = sorted({0, len(data), *(min(cut, len(data)) for cut in cuts)})
+    spans = list(itertools.pairwise(bounds))
     compiled = id_arrays._parse_compiled(KERNEL, data, spans)
     numpy = id_arrays._parse_numpy(data, spans)
     assert (compiled is None) == (numpy is None)

@@ -97,6 +97,7 @@ import msgspec
 import numpy as np
 
 from workbench import sketch
+from workbench.analyze.id_facts import id_facts
 from workbench.profiles import ModelProfile, reasoning_expected
 from workbench.rundir.figures import FigureStore, ReplyFigures, reply_figures
 from workbench.rundir.id_arrays import IdArrays, of_lists
@@ -282,58 +283,26 @@ class _Flat(IdArrays):
                                               strict=True)]
         return flat, replies
 
-    def first_at(self, positions: np.ndarray) -> np.ndarray:
-        """Per row, the position (within the row) of the first of the flat `positions`
-        (ascending) that falls in it, or -1."""
-        rows = np.searchsorted(self.ends, positions, side="right")
-        first = np.full(len(self.ends), -1, dtype=np.int64)
-        if len(rows):
-            new = np.ones(len(rows), dtype=bool)
-            np.not_equal(rows[1:], rows[:-1], out=new[1:])
-            first[rows[new]] = positions[new] - self.starts[rows[new]]
-        return first
-
-    def count_at(self, positions: np.ndarray) -> list[int]:
-        """Per row, how many of the flat `positions` fall in it."""
-        rows = np.searchsorted(self.ends, positions, side="right")
-        counts: list[int] = np.bincount(rows, minlength=len(self.ends)).tolist()
-        return counts
-
-    def after(self, position: np.ndarray) -> list[int]:
-        """Per row, the id after the row position (-1 for none: no position, or the end)."""
-        following = np.full(len(self.ends), -1, dtype=np.int64)
-        rows = np.flatnonzero(position >= 0)
-        flat = self.starts[rows] + position[rows] + 1
-        inside = flat < self.ends[rows]
-        following[rows[inside]] = self.ids[flat[inside]]
-        ids: list[int] = following.tolist()
-        return ids
-
 
 def _id_stats(flat: _Flat, replies: list[Reply], checker: RecordChecker, *,
               figures: bool = False, known: FigureStore | None = None) -> IdStats:
     """The facts about the rows' ids; with `figures`, their data-quality figures too (those
     `known` holds taken from it)."""
     ids, n = flat.ids, len(replies)
-    bad_vocab = flat.first_at(np.flatnonzero((ids >= checker.vocab_size) | (ids < 0))).tolist()
-    special = flat.count_at(checker.special_positions(ids)) if n else []
     profile = checker.profile
-    facts = checker.think_facts and n > 0
-    ends_at = np.flatnonzero(ids == profile.think_end) if facts else np.zeros(0, np.int64)
-    end_first = flat.first_at(ends_at) if facts else np.full(n, -1)
-    split = end_first if checker.splits else np.full(n, -1)
+    facts = id_facts(ids, flat.starts, flat.ends, vocab_size=checker.vocab_size,
+                     think_end=profile.think_end if checker.think_facts else None,
+                     think_start=profile.think_start, special_start=profile.special_start,
+                     not_special=checker._expected)
+    split = facts.end_first if checker.splits else np.full(n, -1)
     ngram = checker.repetition_ngram
     quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
                else None)
-    repeat: list[float] = (quality.repeat if quality is not None else sketch.repeats_and_signatures(
-        ids, flat.starts, flat.ends, split, ngram, num_perm=0)[0]).tolist()
-    if not facts:
-        return IdStats(bad_vocab, [0] * n, [-1] * n, [-1] * n, [0] * n, repeat, special, flat,
-                       replies, quality)
-    start_count = ([0] * n if profile.think_start is None
-                   else flat.count_at(np.flatnonzero(ids == profile.think_start)))
-    return IdStats(bad_vocab, flat.count_at(ends_at), end_first.tolist(),
-                   flat.after(end_first), start_count, repeat, special, flat, replies, quality)
+    repeat = (quality.repeat if quality is not None else sketch.repeats_and_signatures(
+        ids, flat.starts, flat.ends, split, ngram, num_perm=0)[0])
+    return IdStats(facts.bad_vocab.tolist(), facts.end_count.tolist(), facts.end_first.tolist(),
+                   facts.after_end.tolist(), facts.start_count.tolist(), repeat.tolist(),
+                   facts.special.tolist(), flat, replies, quality)
 
 
 class RecordChecker:
@@ -378,15 +347,6 @@ class RecordChecker:
     def settings(self) -> tuple[object, ...]:
         """What the rules' verdicts depend on beyond the limits (a cached scan's key)."""
         return self.profile, self.vocab_size, self.reasoning, tuple(sorted(self.modes.items()))
-
-    def special_positions(self, ids: np.ndarray) -> np.ndarray:
-        """Where (ascending) ids are special ids other than the think, end and eos ids (none
-        without the profile's special_start)."""
-        start = self.profile.special_start
-        if start is None:
-            return np.zeros(0, dtype=np.int64)
-        found = np.flatnonzero((ids >= start) & (ids < self.vocab_size))
-        return found[~np.isin(ids[found], self._expected)]
 
     def failures(self, row: Row) -> set[str]:
         """The ids of the per-record rules row fails."""

@@ -183,16 +183,13 @@ def span_lines(whole: bytes, spans: Sequence[tuple[int, int]]) -> Any:
 
 @functools.cache
 def _kernel() -> Any:
-    """The compiled span parser, or None without numba (compiled on first use, and kept in
-    numba's cache so the next process loads it)."""
+    """The compiled span parser (:mod:`workbench.rundir._parse_loop`), or None without numba
+    (compiled on first use and kept in numba's cache, so the next process loads it)."""
     try:
-        import numba
+        from workbench.rundir._parse_loop import parse_loop
     except ImportError:
         return None
-    try:
-        return numba.njit(cache=True, nogil=True)(_parse_loop)
-    except RuntimeError:  # no folder numba may write its cache in: compile each time
-        return numba.njit(nogil=True)(_parse_loop)
+    return parse_loop
 
 
 def prepare() -> None:
@@ -200,50 +197,3 @@ def prepare() -> None:
     after it inherit it instead of each paying for numba's import and the load."""
     if _kernel() is not None:
         parse_spans(b"[1]", [(1, 2)])
-
-
-def _parse_loop(data: Any, bounds: Any, ids: Any, counts: Any) -> int:
-    """Parse every span data[bounds[k, 0]:bounds[k, 1]] into ids (the count of each into
-    counts): ids written, or -1 for a span :func:`_parse_numpy` refuses. A blank span
-    (spaces, tabs, carriage returns) holds none; any other span is ``int (, int)*`` with
-    spaces around the commas, each int without a leading zero and of at most 18 digits."""
-    written = 0
-    for k in range(bounds.shape[0]):
-        i, end = bounds[k, 0], bounds[k, 1]
-        blank = True
-        for j in range(i, end):
-            byte = data[j]
-            if byte != 32 and byte != 9 and byte != 13:
-                blank = False
-                break
-        if blank:
-            counts[k] = 0
-            continue
-        items = 0
-        while True:
-            while i < end and data[i] == 32:
-                i += 1
-            if i == end or data[i] < 48 or data[i] > 57:
-                return -1
-            if data[i] == 48 and i + 1 < end and 48 <= data[i + 1] <= 57:
-                return -1  # a leading zero
-            value = 0
-            digits = 0
-            while i < end and 48 <= data[i] <= 57:
-                value = value * 10 + (data[i] - 48)
-                digits += 1
-                i += 1
-            if digits > 18:
-                return -1
-            ids[written] = value
-            written += 1
-            items += 1
-            while i < end and data[i] == 32:
-                i += 1
-            if i == end:
-                break
-            if data[i] != 44:
-                return -1
-            i += 1
-        counts[k] = items
-    return written

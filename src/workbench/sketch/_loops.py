@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 
+from workbench.compiling import jit
 from workbench.sketch import minhash
 from workbench.sketch.hashing import MAX_ROW_IDS
 
-
-def _jit(function: Callable[..., Any]) -> Any:
-    """numba.njit with numba's cache, or without it where it has no folder to write in."""
-    try:
-        return numba.njit(cache=True, nogil=True)(function)
-    except RuntimeError:
-        return numba.njit(nogil=True)(function)
-
+__all__ = ["figures_loop"]
 
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _K1, _K2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -29,7 +21,7 @@ _EMPTY = np.uint64(minhash._EMPTY)
 _MAX_ROW = MAX_ROW_IDS
 
 
-@_jit
+@jit
 def _mix(z: Any) -> Any:
     """splitmix64's finaliser (:func:`workbench.sketch.hashing.mix` after its offset)."""
     z = (z ^ (z >> _S30)) * _K1
@@ -37,7 +29,7 @@ def _mix(z: Any) -> Any:
     return z ^ (z >> _S31)
 
 
-@_jit
+@jit
 def _window_sum(mixed: Any, offset: int, n: int, base: Any) -> Any:
     """sum_j mixed[offset + j] * base**j over j < n (mod 2**64)."""
     total = np.uint64(0)
@@ -46,7 +38,7 @@ def _window_sum(mixed: Any, offset: int, n: int, base: Any) -> Any:
     return total
 
 
-@_jit
+@jit
 def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: Any, top: Any,
              marks: Any, keys: Any, cells: Any, generation: int) -> int:
     """The ids of mixed[offset:offset + length] inside an n-gram whose hash another n-gram
@@ -87,7 +79,7 @@ def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: A
     return covered
 
 
-@_jit
+@jit
 def _densify(out: Any, probes: Any) -> None:
     """Fill each empty cell of one signature as :func:`workbench.sketch.minhash._densified`."""
     num_perm = len(out)
@@ -118,7 +110,7 @@ def _densify(out: Any, probes: Any) -> None:
                     break
 
 
-@_jit
+@jit
 def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: Any, repeat: Any,
                  table: Any, n: int, shingle: int, probes: Any, token_seed: Any, base: Any,
                  inverse: Any, top_n: Any, top_shingle: Any, seed_shingle: Any) -> None:
