@@ -5,7 +5,8 @@
 One dataset of bench/common.py's Kimi-K2.5-shaped records in the ``json.dumps`` layout (as a
 seed's own raw_responses.jsonl, a colleague's run or an older version writes it), with
 run.json, and no cache: what the workbench reads the first time. Contenders run alternated,
-best of `--repeat`, with the file in the page cache:
+each after a second's pause (what the last one left running winds down), best of `--repeat`,
+with the file in the page cache:
 
     stats, whole process   `workbench stats RUN --json` (its cache removed first) against a
                            process each of polars (scan_ndjson), DuckDB (read_json) and a
@@ -197,11 +198,17 @@ def datasketch_near(replies: list[np.ndarray]) -> int:
 # --- driver -------------------------------------------------------------------------------
 
 
+SETTLE_SECONDS = 1.0  # a pause before each contender: what the last one left running winds down
+
+
 def race(contenders: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, Any]]:
-    """Best time and result of each contender, alternated round after round."""
+    """Best time and result of each contender, alternated round after round, each after a
+    pause: polars' idle threads spin and DuckDB's allocator purges for a while after a query,
+    which on two cores took a third more of the next contender's time (measured)."""
     best: dict[str, tuple[float, Any]] = {}
     for _ in range(repeat):
         for name, action in contenders.items():
+            time.sleep(SETTLE_SECONDS)
             start = time.perf_counter()
             result = action()
             took = time.perf_counter() - start

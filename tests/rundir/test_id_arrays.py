@@ -98,9 +98,11 @@ def test_every_layout_takes_the_arrays_path(style: str) -> None:
         (",", ":") if style == "compact" else (", ", ": "))), style) for n in range(6))
     data += b'{"sample_id": 9, "input_ids": [1, 2], "ts": 1.0}\n'  # no output ids
     data += b'{"sample_id": 10, "output_ids": [], "ts": 1.0}\r\n'
+    data += b'{"sample_id": 11, "input_ids": [7, 8], "output_ids": [3, 4], "ts": 1.0}\n'
     assert _arrays_at_once(Chunk(data, len(data), 0), 1) is not None
     rows, arrays = _read_both(data)
-    assert [r.has_output_ids for r in rows] == [True] * 6 + [False, True]
+    assert [r.has_output_ids for r in rows] == [True] * 6 + [False, True, True]
+    assert arrays.row(8).tolist() == [3, 4]
     assert all(r.output_ids is None for r in rows)  # the ids are in the array only
     assert arrays.row(5).tolist() == list(range(15, 25))
 

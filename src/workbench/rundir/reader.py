@@ -289,16 +289,21 @@ def _arrays_at_once(chunk: Chunk, first_line: int) -> tuple[list[Row], IdArrays]
         return None
     outputs = array_spans(data, size, ID_KEYS[0], checked=False)  # parse_spans checks them
     parsed = None if outputs is None else parse_spans(data, outputs)
-    inputs = None if parsed is None else array_spans(data, size, ID_KEYS[1])
-    if outputs is None or parsed is None or inputs is None:
+    if outputs is None or parsed is None:
         return None
-    spans = sorted(outputs + inputs) if inputs else outputs
+    spans = outputs
     whole = emptied(data, size, spans) if spans else chunk.whole()
+    if whole.find(ID_KEYS[1]) >= 0:  # prompt ids too (searched for without the reply ids)
+        inputs = array_spans(data, size, ID_KEYS[1])
+        if inputs is None:
+            return None
+        spans = sorted(outputs + inputs)
+        whole = emptied(data, size, spans)
     items = decode_aligned(ROWS.decoder, whole)
     if items is None:
         return None
     owners = span_lines(whole, spans)
-    if inputs:
+    if len(spans) > len(outputs):
         owned_by = set(outputs)
         owners = owners[[index for index, span in enumerate(spans) if span in owned_by]]
     if not one_per_line(owners):
