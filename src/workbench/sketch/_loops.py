@@ -40,7 +40,7 @@ def _window_sum(mixed: Any, offset: int, n: int, base: Any) -> Any:
 
 @jit
 def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: Any, top: Any,
-             marks: Any, keys: Any, cells: Any, generation: int) -> int:
+             marks: Any, table: Any, generation: int) -> int:
     """The ids of mixed[offset:offset + length] inside an n-gram whose hash another n-gram
     of it has: a hash table of the whole hashes, whose cells hold `generation` (this part's)
     in their high 32 bits and the first window of the hash in the low ones."""
@@ -59,12 +59,12 @@ def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: A
         marks[p] = False
         slot = key & umask
         while True:
-            cell = cells[slot]
+            cell = np.int64(table[2 * slot + 1])
             if cell >> 32 != generation:
-                cells[slot] = tag | p
-                keys[slot] = key
+                table[2 * slot] = key
+                table[2 * slot + 1] = np.uint64(tag | p)
                 break
-            if keys[slot] == key:
+            if table[2 * slot] == key:
                 marks[p] = True
                 marks[cell & 0xFFFFFFFF] = True
                 break
@@ -126,8 +126,7 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
     size = 1
     while size < 2 * longest:
         size *= 2
-    keys = np.empty(size, dtype=np.uint64)
-    cells = np.zeros(size, dtype=np.int64)
+    hashes = np.zeros(2 * size, dtype=np.uint64)  # (key, generation and first window) pairs
     generation = 0
     for row in range(len(starts)):
         start, end = starts[row], ends[row]
@@ -146,8 +145,8 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
             looked += length
             if length >= 2 * n:
                 generation += 1
-                found = _covered(mixed, a - start, length, n, base, inverse, top_n, marks, keys,
-                                 cells, generation)
+                found = _covered(mixed, a - start, length, n, base, inverse, top_n, marks, hashes,
+                                 generation)
                 covered += np.float64(np.float32(found / length)) * length
         repeat[row] = covered / max(looked, 1)
         if not num_perm:
