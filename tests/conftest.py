@@ -25,10 +25,16 @@ from typing import Any
 import anyio
 import pytest
 
-from workbench.cli import main as workbench_main
-from workbench.demo import start_simulator
-from workbench.rundir.records import PromptRecord, Record, encode_line
-from workbench.server.launch import ServerProcess
+# The compiled loops (numba, the fast extra) check every index here: one out of bounds raises
+# instead of reading or writing past an array. Compiled so, they are cached apart from the
+# loops a user's runs load (numba's cache does not tell the two apart).
+os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent / ".numba-cache"))
+
+from workbench.cli import main as workbench_main  # noqa: E402
+from workbench.demo import start_simulator  # noqa: E402
+from workbench.rundir.records import PromptRecord, Record, encode_line  # noqa: E402
+from workbench.server.launch import ServerProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

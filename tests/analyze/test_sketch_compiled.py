@@ -84,10 +84,13 @@ def test_an_answer_restating_its_reasoning_is_no_loop() -> None:
     assert apart[0] == 0.0 and whole[0] > 0.99
 
 
-@pytest.mark.parametrize("split", [-1, 5, MAX_ROW_IDS + 10])
-def test_a_row_past_the_cut_is_looked_at_as_the_numpy_passes_do(split: int) -> None:
+@pytest.mark.parametrize(("split", "length"), [
+    (-1, MAX_ROW_IDS + 110_000), (5, MAX_ROW_IDS + 110_000), (MAX_ROW_IDS + 10, MAX_ROW_IDS + 110_000),
+    (-1, 2 * MAX_ROW_IDS + 70_000), (2 * MAX_ROW_IDS + 3, 2 * MAX_ROW_IDS + 70_000),
+])
+def test_a_row_past_the_cut_is_looked_at_as_the_numpy_passes_do(split: int, length: int) -> None:
     rng = np.random.default_rng(5)
-    row = np.concatenate([rng.integers(0, VOCAB, MAX_ROW_IDS + 50_000),
+    row = np.concatenate([rng.integers(0, VOCAB, length - 60_000),
                           np.resize(rng.integers(0, VOCAB, 9), 60_000)])
     ids = np.concatenate([rng.integers(0, VOCAB, 30), row])
     starts, ends = np.array([0, 30]), np.array([30, len(ids)])

@@ -121,7 +121,7 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
     longest = 1
     for row in range(len(starts)):
         longest = max(longest, min(ends[row] - starts[row], _MAX_ROW))
-    mixed = np.empty(2 * longest + 2, dtype=np.uint64)
+    mixed = np.empty(2 * longest, dtype=np.uint64)  # a row's first ids, then its answer's
     marks = np.zeros(longest + 1, dtype=np.bool_)
     size = 1
     while size < 2 * longest:
@@ -132,20 +132,23 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
         start, end = starts[row], ends[row]
         cut = end if split[row] < 0 else start + split[row]
         after = end if split[row] < 0 else cut + 1
-        first_end = min(cut, start + _MAX_ROW)
+        last = min(end, start + _MAX_ROW)  # the signature's ids and the reasoning's
+        first_end = min(cut, last)
         second_end = min(end, after + _MAX_ROW)
-        last = min(end, start + _MAX_ROW)
-        high = max(last, second_end)
-        for p in range(start, high):  # the token hash, once per id
+        for p in range(start, last):  # the token hash, once per id
             mixed[p - start] = _mix(np.uint64(values[p]) + token_seed)
+        second = after - start  # the answer past the first ids: hashed after them
+        if second_end > last:
+            second = longest
+            for p in range(after, second_end):
+                mixed[longest + p - after] = _mix(np.uint64(values[p]) + token_seed)
         covered = 0.0
         looked = 0
-        for a, b in ((start, first_end), (after, second_end)):
-            length = b - a
+        for offset, length in ((0, first_end - start), (second, second_end - after)):
             looked += length
             if length >= 2 * n:
                 generation += 1
-                found = _covered(mixed, a - start, length, n, base, inverse, top_n, marks, hashes,
+                found = _covered(mixed, offset, length, n, base, inverse, top_n, marks, hashes,
                                  generation)
                 covered += np.float64(np.float32(found / length)) * length
         repeat[row] = covered / max(looked, 1)
