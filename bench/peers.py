@@ -1,6 +1,7 @@
 """The workbench against the peers a user would pick to read a run written elsewhere.
 
     python bench/peers.py [--size-mb 200] [--repeat 3] [--grow 0.01] [--sample 2000]
+                          [--without-fast]
 
 One dataset of bench/common.py's Kimi-K2.5-shaped records in the ``json.dumps`` layout (as a
 seed's own raw_responses.jsonl, a colleague's run or an older version writes it), with
@@ -26,6 +27,8 @@ with the file in the page cache:
                            all of them
 
 Every contender's counts are printed and must agree (the run fails loudly when one differs).
+With `--without-fast` the workbench runs without its compiled loops (numpy's passes instead),
+as it does where the ``fast`` extra (numba) is not installed.
 Ratios are the workbench's speed over each peer's (above 1: the workbench is faster). Needs
 the bench extra: `pip install -e .[bench]` (duckdb, polars, datasketch).
 """
@@ -47,11 +50,14 @@ from common import DATA_DIR, records_file
 from quality import quality_off
 
 from workbench import sketch
+from workbench.analyze import id_facts
 from workbench.analyze.scan import scan_run
 from workbench.analyze.validate import validate_run
 from workbench.profiles import get_profile
+from workbench.rundir import id_arrays
 from workbench.rundir.layout import CACHE_DIR, RAW_FILE
 from workbench.rundir.reader import iter_blocks
+from workbench.sketch import compiled
 
 PROFILE = get_profile("kimi-k2.5")
 VOCAB, THINK_END = PROFILE.vocab_size, PROFILE.think_end
@@ -234,7 +240,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--grow", type=float, default=0.01)
     parser.add_argument("--sample", type=int, default=2000, help="replies datasketch hashes")
+    parser.add_argument("--without-fast", action="store_true",
+                        help="the compiled loops off: what a user without the fast extra gets")
     args = parser.parse_args()
+    if args.without_fast:
+        for module in (id_arrays, compiled, id_facts):
+            module._kernel = lambda: None  # type: ignore[attr-defined]
     run = peers_run(args.size_mb)
     raw = run / DATASET / RAW_FILE
     print(f"run: {run} ({raw.stat().st_size / 1e6:,.0f} MB, json.dumps layout, no cache)")

@@ -31,10 +31,10 @@ import pytest
 os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent / ".numba-cache"))
 
-from workbench.cli import main as workbench_main  # noqa: E402
-from workbench.demo import start_simulator  # noqa: E402
-from workbench.rundir.records import PromptRecord, Record, encode_line  # noqa: E402
-from workbench.server.launch import ServerProcess  # noqa: E402
+from workbench.cli import main as workbench_main
+from workbench.demo import start_simulator
+from workbench.rundir.records import PromptRecord, Record, encode_line
+from workbench.server.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

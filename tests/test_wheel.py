@@ -18,8 +18,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-IGNORED = shutil.ignore_patterns(".git", ".venv", "outputs", "build", "dist", "*.egg-info", "__pycache__",
-                                 ".pytest_cache", ".hypothesis", ".ruff_cache", ".mypy_cache")
+_PATTERNS = shutil.ignore_patterns(".git", ".venv*", "outputs", "build", "dist", "*.egg-info",
+                                   "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache",
+                                   ".mypy_cache", ".numba-cache")
+
+
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: caches, builds, every virtual environment (the peers' own hold
+    gigabytes) and the benchmarks' generated data."""
+    ignored = set(_PATTERNS(folder, names))
+    return ignored | {"data"} if Path(folder) == ROOT / "bench" else ignored
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -30,8 +38,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -
 
 def build_wheel(tmp_path: Path, env: dict[str, str]) -> Path:
     source = tmp_path / "clone"
-    shutil.copytree(ROOT, source, ignore=IGNORED)
-    shutil.rmtree(source / "bench" / "data", ignore_errors=True)
+    shutil.copytree(ROOT, source, ignore=_ignored)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
          "-w", str(tmp_path / "dist"), str(source)], tmp_path, env)
     (wheel,) = (tmp_path / "dist").glob("workbench-*.whl")

@@ -293,7 +293,7 @@ def _id_stats(flat: _Flat, replies: list[Reply], checker: RecordChecker, *,
     facts = id_facts(ids, flat.starts, flat.ends, vocab_size=checker.vocab_size,
                      think_end=profile.think_end if checker.think_facts else None,
                      think_start=profile.think_start, special_start=profile.special_start,
-                     not_special=checker._expected)
+                     not_special=checker.not_special)
     split = facts.end_first if checker.splits else np.full(n, -1)
     ngram = checker.repetition_ngram
     quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
@@ -338,7 +338,7 @@ class RecordChecker:
         self.end_ids = frozenset(ends)
         self.starts_allowed = 0 if profile.think_in_template else 1
         expected = (*ends, profile.think_start, profile.think_end, *profile.reply_special_ids)
-        self._expected = np.array([i for i in expected if i is not None], dtype=np.int64)
+        self.not_special = np.array([i for i in expected if i is not None], dtype=np.int64)
 
     def reasoning_of(self, mode: str | None) -> bool:
         """Whether a reply of `mode` (None: no mode) should hold reasoning."""

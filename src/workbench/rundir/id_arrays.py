@@ -10,9 +10,10 @@ The readers (:mod:`workbench.rundir.reader` for the output ids of records,
 :mod:`workbench.rundir.prompt_reader` for the input ids of prompts) find every id array of a
 block by a byte search, decode the rest of each line in one call and hand the arrays' digits
 here, parsed in one call: a loop compiled by numba when it is installed (the ``fast`` extra,
-about 12 ns an id with its checks), else one ``numpy.fromstring`` over them all (about 21 ns
-an id); either is several times faster than decoding each id into a Python int and turning
-the lists into an array, and both give the same answers. The parse is as strict as JSON, so a block it
+:mod:`workbench.rundir._parse_loop`: about 6 ns an id with its checks), else one
+``numpy.fromstring`` over them all (about 21 ns an id); either is several times faster than
+decoding each id into a Python int and turning the lists into an array, and both give the
+same answers. The parse is as strict as JSON, so a block it
 takes gives exactly what decoding each line would; a block it does not take (a fraction, an
 exponent, ``true`` or a sign inside an array, a leading zero, a tab, an id of 19 digits or
 more) is read line by line by the caller, where JSON decides.

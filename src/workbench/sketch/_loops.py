@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 
 from workbench.compiling import jit
-from workbench.sketch import minhash
+from workbench.sketch import hashing, minhash
 from workbench.sketch.hashing import MAX_ROW_IDS
 
 __all__ = ["figures_loop"]
 
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_K1, _K2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_K1, _K2 = (np.uint64(k) for k in hashing._MIX_MULTIPLIERS)
 _VALUE_BITS = np.uint64(minhash._VALUE_BITS)
 _VALUE_MASK = minhash._VALUE_MASK
 _BIN_SHIFT = np.uint64(64 - minhash._VALUE_BITS)
@@ -42,8 +42,9 @@ def _window_sum(mixed: Any, offset: int, n: int, base: Any) -> Any:
 def _covered(mixed: Any, offset: int, length: int, n: int, base: Any, inverse: Any, top: Any,
              marks: Any, table: Any, generation: int) -> int:
     """The ids of mixed[offset:offset + length] inside an n-gram whose hash another n-gram
-    of it has: a hash table of the whole hashes, whose cells hold `generation` (this part's)
-    in their high 32 bits and the first window of the hash in the low ones."""
+    of it has. `table` is a hash table of (window sum, cell) pairs side by side; a cell holds
+    `generation` (the part's: older cells are free) in its high 32 bits and the first window
+    of its sum in the low ones."""
     mask = 1
     while mask < 2 * length:
         mask *= 2

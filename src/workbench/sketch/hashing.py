@@ -57,6 +57,7 @@ def clipped(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 # its own seed, in the module that owns it).
 _SEED_TOKEN = 0x243F6A8885A308D3
 _MIX_OFFSET = 0x9E3779B97F4A7C15  # added to every seed before mixing
+_MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 # --- hashing primitives -----------------------------------------------------------------------
@@ -67,9 +68,9 @@ def mix(x: np.ndarray, seed: int = 0) -> np.ndarray:
     whose outputs look random, so small ids and neighbouring values spread over all bits."""
     z = np.asarray(x, dtype=_U64) + _U64((seed + _MIX_OFFSET) % (1 << 64))
     z ^= z >> _U64(30)
-    z *= _U64(0xBF58476D1CE4E5B9)
+    z *= _U64(_MIX_MULTIPLIERS[0])
     z ^= z >> _U64(27)
-    z *= _U64(0x94D049BB133111EB)
+    z *= _U64(_MIX_MULTIPLIERS[1])
     z ^= z >> _U64(31)
     return z
 
