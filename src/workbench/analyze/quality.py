@@ -255,7 +255,8 @@ def _flags(run: RunInfo, scans: Sequence[FileScan], thresholds: Thresholds,
     _compare(replies, "reply", thresholds.near_duplicate_threshold, flags,
              {name: f"compared: {template.text('replies')}" for name, template in templates.items()
               if len(template.shingles)})
-    _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
+    if decontaminate is not None:
+        _contamination(_reply_rows(names, scans), "contaminated_reply", decontaminate, flags)
     return flags
 
 
