@@ -1,4 +1,4 @@
-"""The compiled pass of the loop share and the signatures against the numpy passes."""
+"""The compiled pass of the digest, the loop share and the signatures against the numpy passes."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import sketch
-from workbench.sketch import MAX_ROW_IDS, compiled, repeats_and_signatures
+from workbench.sketch import MAX_ROW_IDS, compiled, row_figures
 from workbench.sketch.minhash import signatures
-from workbench.sketch.repeats import split_repeat_share
+from workbench.sketch.repeats import digest, split_repeat_share
 
 VOCAB = 160_000
 
 
 def numpy_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: np.ndarray,
-                  n: int, num_perm: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    return (split_repeat_share(ids, starts, ends, split, n),
+                  n: int, num_perm: int = 128) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (digest(ids, starts, ends), split_repeat_share(ids, starts, ends, split, n),
             signatures(ids, starts, sketch.clipped(starts, ends), num_perm=num_perm))
+
+
+def assert_same(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> None:
+    for name, mine, theirs in zip(("digest", "repeat", "signature"), got, want, strict=True):
+        np.testing.assert_array_equal(mine, theirs, err_msg=name)  # bit for bit
 
 
 def test_the_extra_compiles_the_pass() -> None:
@@ -54,11 +59,11 @@ def blocks(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 @given(blocks())
 def test_the_pass_gives_the_numpy_passes_figures(block: tuple) -> None:
     ids, starts, ends, split, n = block
-    repeat, sigs = repeats_and_signatures(ids, starts, ends, split, n)
-    want_repeat, want_sigs = numpy_figures(ids, starts, ends, split, n)
-    np.testing.assert_array_equal(repeat, want_repeat)  # the same floats, bit for bit
-    np.testing.assert_array_equal(sigs, want_sigs)
-    assert repeat.dtype == np.float64 and sigs.dtype == np.uint64
+    found = row_figures(ids, starts, ends, split, n)
+    assert_same(found, numpy_figures(ids, starts, ends, split, n))
+    np.testing.assert_array_equal(compiled.digest(ids, starts, ends), found.digest)
+    assert found.digest.dtype == np.uint64 and found.repeat.dtype == np.float64
+    assert found.signature.dtype == np.uint64
 
 
 def test_a_loop_scores_its_share_and_a_random_reply_none() -> None:
@@ -68,8 +73,7 @@ def test_a_loop_scores_its_share_and_a_random_reply_none() -> None:
     rows = [loop, rng.integers(0, VOCAB, 800), half]
     ids = np.concatenate(rows)
     ends = np.cumsum([len(row) for row in rows])
-    repeat, _ = repeats_and_signatures(ids, ends - [len(row) for row in rows], ends,
-                                       np.full(3, -1))
+    repeat = row_figures(ids, ends - [len(row) for row in rows], ends, np.full(3, -1)).repeat
     assert repeat[0] == 1.0 and repeat[1] == 0.0
     assert 0.49 <= repeat[2] <= 0.51
 
@@ -79,8 +83,8 @@ def test_an_answer_restating_its_reasoning_is_no_loop() -> None:
     reasoning = rng.integers(0, VOCAB, 300)
     ids = np.concatenate([reasoning, [VOCAB], reasoning])
     one = (np.zeros(1, dtype=np.int64), np.full(1, len(ids), dtype=np.int64))
-    apart, _ = repeats_and_signatures(ids, *one, np.array([300]))
-    whole, _ = repeats_and_signatures(ids, *one, np.array([-1]))
+    apart = row_figures(ids, *one, np.array([300])).repeat
+    whole = row_figures(ids, *one, np.array([-1])).repeat
     assert apart[0] == 0.0 and whole[0] > 0.99
 
 
@@ -95,10 +99,7 @@ def test_a_row_past_the_cut_is_looked_at_as_the_numpy_passes_do(split: int, leng
     ids = np.concatenate([rng.integers(0, VOCAB, 30), row])
     starts, ends = np.array([0, 30]), np.array([30, len(ids)])
     split = np.array([-1, split])
-    repeat, sigs = repeats_and_signatures(ids, starts, ends, split)
-    want_repeat, want_sigs = numpy_figures(ids, starts, ends, split, 10)
-    np.testing.assert_array_equal(repeat, want_repeat)
-    np.testing.assert_array_equal(sigs, want_sigs)
+    assert_same(row_figures(ids, starts, ends, split), numpy_figures(ids, starts, ends, split, 10))
 
 
 def test_the_share_alone_and_other_signature_widths() -> None:
@@ -107,37 +108,35 @@ def test_the_share_alone_and_other_signature_widths() -> None:
     ids = rng.integers(0, 50, int(lengths.sum()))
     ends = np.cumsum(lengths)
     starts, split = ends - lengths, np.full(len(lengths), -1)
-    repeat, none = repeats_and_signatures(ids, starts, ends, split, num_perm=0)
-    assert none.shape == (len(lengths), 0)
+    alone = row_figures(ids, starts, ends, split, num_perm=0)
+    assert alone.signature.shape == (len(lengths), 0)
     for width in (1, 7, 256):
-        share, sigs = repeats_and_signatures(ids, starts, ends, split, num_perm=width)
-        want_repeat, want_sigs = numpy_figures(ids, starts, ends, split, 10, width)
-        np.testing.assert_array_equal(share, repeat)
-        np.testing.assert_array_equal(share, want_repeat)
-        np.testing.assert_array_equal(sigs, want_sigs)
+        found = row_figures(ids, starts, ends, split, num_perm=width)
+        assert_same(found, numpy_figures(ids, starts, ends, split, 10, width))
+        np.testing.assert_array_equal(found.repeat, alone.repeat)
+        np.testing.assert_array_equal(found.digest, alone.digest)
 
 
 def test_without_numba_the_numpy_passes_run(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(7)
     ids = np.resize(rng.integers(0, VOCAB, 11), 500)
     block = (ids, np.array([0, 100]), np.array([100, 500]), np.array([-1, 50]))
-    want = repeats_and_signatures(*block)
+    want = row_figures(*block)
     monkeypatch.setattr(compiled, "_kernel", lambda: None)
-    got = repeats_and_signatures(*block)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
-    assert repeats_and_signatures(*block, num_perm=0)[1].shape == (2, 0)
+    assert_same(row_figures(*block), want)
+    np.testing.assert_array_equal(compiled.digest(*block[:3]), want.digest)
+    assert row_figures(*block, num_perm=0).signature.shape == (2, 0)
 
 
 @pytest.mark.parametrize("bounds", [([0], [9]), ([-1], [2]), ([3], [2])])
 def test_rows_outside_the_ids_are_refused(bounds: tuple[list[int], list[int]]) -> None:
     with pytest.raises(ValueError, match="outside the token array"):
-        repeats_and_signatures(np.arange(4), np.array(bounds[0]), np.array(bounds[1]),
-                               np.array([-1]))
+        row_figures(np.arange(4), np.array(bounds[0]), np.array(bounds[1]), np.array([-1]))
+    with pytest.raises(ValueError, match="outside the token array"):
+        compiled.digest(np.arange(4), np.array(bounds[0]), np.array(bounds[1]))
 
 
 @pytest.mark.parametrize("settings_", [{"n": 0}, {"shingle": 0}, {"num_perm": 5000}])
 def test_bad_settings_are_refused(settings_: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="num_perm"):
-        repeats_and_signatures(np.arange(4), np.array([0]), np.array([4]), np.array([-1]),
-                               **settings_)
+        row_figures(np.arange(4), np.array([0]), np.array([4]), np.array([-1]), **settings_)

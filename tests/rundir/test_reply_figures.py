@@ -179,10 +179,10 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
          "max_samples": 24, "chat_template_kwargs": {"thinking": True}},
     ], shared_sim)
     computed: list[int] = []
-    original = sketch.repeats_and_signatures
+    original = sketch.row_figures
 
     def counting(ids: np.ndarray, starts: np.ndarray, *args: object,
-                 **kwargs: object) -> tuple[np.ndarray, np.ndarray]:
+                 **kwargs: object) -> sketch.RowFigures:
         computed.append(len(starts))
         return original(ids, starts, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -194,7 +194,7 @@ def test_validate_takes_the_kept_figures_instead_of_computing_them(
         signed.append(len(starts))
         return signatures(ids, starts, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sketch, "repeats_and_signatures", counting)
+    monkeypatch.setattr(sketch, "row_figures", counting)
     monkeypatch.setattr(sketch, "signatures", counting_signatures)
     kept = scan_run(out, cache=False, figures=True, workers=1)
     assert sum(computed) == 0 and sum(signed) == 0  # replies' and prompts' figures taken

@@ -298,8 +298,8 @@ def _id_stats(flat: _Flat, replies: list[Reply], checker: RecordChecker, *,
     ngram = checker.repetition_ngram
     quality = (reply_figures(ids, flat.starts, flat.ends, split, ngram, known) if figures
                else None)
-    repeat = (quality.repeat if quality is not None else sketch.repeats_and_signatures(
-        ids, flat.starts, flat.ends, split, ngram, num_perm=0)[0])
+    repeat = (quality.repeat if quality is not None else sketch.row_figures(
+        ids, flat.starts, flat.ends, split, ngram, num_perm=0).repeat)
     return IdStats(facts.bad_vocab.tolist(), facts.end_count.tolist(), facts.end_first.tolist(),
                    facts.after_end.tolist(), facts.start_count.tolist(), repeat.tolist(),
                    facts.special.tolist(), flat, replies, quality)

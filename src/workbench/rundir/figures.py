@@ -70,7 +70,7 @@ __all__ = [
     "reply_overlaps",
 ]
 
-FIGURES_VERSION = 1  # bump when an entry's meaning changes
+FIGURES_VERSION = 2  # bump when an entry's meaning changes (2: the digest of sketch.digest)
 NUM_PERM = sketch.DEFAULT_NUM_PERM
 SIGNATURE_DTYPE = np.uint16  # signatures kept as 16-bit values (b-bit MinHash): a quarter of
 # the bytes; two different entries agree by chance once in 65,536, which moves no estimate
@@ -164,19 +164,21 @@ def reply_figures(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, split: 
     taken from it, the others computed."""
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
+    if known is None:  # nothing to look up: every figure in one pass
+        made = sketch.row_figures(ids, starts, ends, split, ngram, num_perm=NUM_PERM)
+        return ReplyFigures(made.digest, made.repeat, made.signature.astype(SIGNATURE_DTYPE))
     count = len(starts)
-    digest = sketch.digest(ids, starts, ends) if count else np.zeros(0, dtype=np.uint64)
+    digest = sketch.digest(ids, starts, ends)
     repeat = np.zeros(count, dtype=np.float64)
     signature = np.zeros((count, NUM_PERM), dtype=SIGNATURE_DTYPE)
     found, missing = _known(known, digest)
     if len(found[0]):
-        picked = known.take(found[1])  # type: ignore[union-attr]
+        picked = known.take(found[1])
         repeat[found[0]], signature[found[0]] = picked["repeat"], picked["signature"]
     if len(missing):
-        first, last = starts[missing], ends[missing]
-        repeat[missing], sigs = sketch.repeats_and_signatures(
-            ids, first, last, np.asarray(split)[missing], ngram, num_perm=NUM_PERM)
-        signature[missing] = sigs
+        made = sketch.row_figures(ids, starts[missing], ends[missing],
+                                  np.asarray(split)[missing], ngram, num_perm=NUM_PERM)
+        repeat[missing], signature[missing] = made.repeat, made.signature
     return ReplyFigures(digest, repeat, signature)
 
 

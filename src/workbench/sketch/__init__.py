@@ -14,9 +14,10 @@ and works with a few numpy passes over the whole block, never a Python loop over
     minhash: near duplicates
       signatures         per row: a MinHash signature over shingles (near duplicates)
       near_duplicates    per row: the first earlier row of estimated Jaccard >= threshold, or -1
-    compiled: both at once
-      repeats_and_signatures  per row: its split_repeat_share and its signature, in one pass
-                         over its ids (compiled with numba, the ``fast`` extra, where installed)
+    compiled: all at once
+      row_figures        per row: its digest, split_repeat_share and signature, in one pass
+                         over its ids (compiled with numba, the ``fast`` extra, where installed;
+                         ``digest`` too)
     template: a dataset's template
       template_shingles  the shingles most of a dataset's rows hold, left out before MinHash
     words: words and their hashes
@@ -47,7 +48,7 @@ from workbench.sketch.benchmarks import (
     Benchmarks,
     Decontamination,
 )
-from workbench.sketch.compiled import repeats_and_signatures
+from workbench.sketch.compiled import RowFigures, digest, row_figures
 from workbench.sketch.hashing import MAX_ROW_IDS, clipped, ngram_hashes
 from workbench.sketch.minhash import (
     DEFAULT_NUM_PERM,
@@ -60,7 +61,6 @@ from workbench.sketch.minhash import (
 from workbench.sketch.pieces import PieceDecoder
 from workbench.sketch.repeats import (
     DEFAULT_REPEAT_NGRAM,
-    digest,
     exact_duplicates,
     repeat_share,
     split_repeat_share,
@@ -91,6 +91,7 @@ __all__ = [
     "Benchmarks",
     "Decontamination",
     "PieceDecoder",
+    "RowFigures",
     "Template",
     "clipped",
     "digest",
@@ -100,7 +101,7 @@ __all__ = [
     "ngram_hashes",
     "normalise_words",
     "repeat_share",
-    "repeats_and_signatures",
+    "row_figures",
     "signatures",
     "split_repeat_share",
     "template_shingles",

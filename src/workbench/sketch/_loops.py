@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from workbench.compiling import jit
-from workbench.sketch import hashing, minhash
+from workbench.sketch import hashing, minhash, repeats
 from workbench.sketch.hashing import MAX_ROW_IDS
 
-__all__ = ["figures_loop"]
+__all__ = ["digest_loop", "figures_loop"]
 
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _K1, _K2 = (np.uint64(k) for k in hashing._MIX_MULTIPLIERS)
@@ -19,6 +19,10 @@ _VALUE_MASK = minhash._VALUE_MASK
 _BIN_SHIFT = np.uint64(64 - minhash._VALUE_BITS)
 _EMPTY = np.uint64(minhash._EMPTY)
 _MAX_ROW = MAX_ROW_IDS
+_OFFSET = hashing._MIX_OFFSET
+_DIGEST_SEED = np.uint64((repeats._SEED_DIGEST + _OFFSET) % (1 << 64))
+_DIGEST_END_SEED = np.uint64((repeats._SEED_DIGEST_END + _OFFSET) % (1 << 64))
+_DIGEST_POSITION = repeats._DIGEST_POSITION
 
 
 @jit
@@ -27,6 +31,27 @@ def _mix(z: Any) -> Any:
     z = (z ^ (z >> _S30)) * _K1
     z = (z ^ (z >> _S27)) * _K2
     return z ^ (z >> _S31)
+
+
+@jit
+def _digest_term(token: Any, position: int) -> Any:
+    """An id's part of its row's digest (:func:`workbench.sketch.repeats.digest`)."""
+    return _mix((token ^ (np.uint64(position) * _DIGEST_POSITION)) + _DIGEST_SEED)
+
+
+@jit
+def _digest_end(total: Any, length: int) -> Any:
+    return _mix((total ^ np.uint64(length)) + _DIGEST_END_SEED)
+
+
+@jit
+def digest_loop(values: Any, starts: Any, ends: Any, token_seed: Any, digests: Any) -> None:
+    """Each row's digest into `digests`."""
+    for row in range(len(starts)):
+        total = np.uint64(0)
+        for p in range(starts[row], ends[row]):
+            total += _digest_term(_mix(np.uint64(values[p]) + token_seed), p - starts[row])
+        digests[row] = _digest_end(total, ends[row] - starts[row])
 
 
 @jit
@@ -112,11 +137,12 @@ def _densify(out: Any, probes: Any) -> None:
 
 
 @jit
-def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: Any, repeat: Any,
+def figures_loop(values: Any, starts: Any, ends: Any, split: Any, digests: Any, repeat: Any,
                  table: Any, n: int, shingle: int, probes: Any, token_seed: Any, base: Any,
-                 inverse: Any, top_n: Any, top_shingle: Any, seed_shingle: Any) -> None:
-    """Each row's split loop share into `repeat` and its signature into `table` (none when
-    `table` has no column)."""
+                 inverse: Any, top_n: Any, top_shingle: Any, seed_shingle: Any,
+                 seed_short: Any) -> None:
+    """Each row's digest into `digests`, its split loop share into `repeat` and its signature
+    into `table` (none when `table` has no column)."""
     num_perm = table.shape[1]
     perm = np.uint64(num_perm)
     longest = 1
@@ -136,8 +162,14 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
         last = min(end, start + _MAX_ROW)  # the signature's ids and the reasoning's
         first_end = min(cut, last)
         second_end = min(end, after + _MAX_ROW)
+        total = np.uint64(0)
         for p in range(start, last):  # the token hash, once per id
-            mixed[p - start] = _mix(np.uint64(values[p]) + token_seed)
+            token = _mix(np.uint64(values[p]) + token_seed)
+            mixed[p - start] = token
+            total += _digest_term(token, p - start)
+        for p in range(last, end):  # the digest takes the whole row
+            total += _digest_term(_mix(np.uint64(values[p]) + token_seed), p - start)
+        digests[row] = _digest_end(total, end - start)
         second = after - start  # the answer past the first ids: hashed after them
         if second_end > last:
             second = longest
@@ -157,8 +189,8 @@ def figures_loop(values: Any, starts: Any, ends: Any, split: Any, short_hash: An
             continue
         out = table[row]
         out[:] = _EMPTY
-        if last - start < shingle:
-            hashed = short_hash[row]
+        if last - start < shingle:  # a short row is one shingle: its digest
+            hashed = _mix(digests[row] + seed_short)
             out[np.int64(((hashed >> _VALUE_BITS) * perm) >> _BIN_SHIFT)] = hashed & _VALUE_MASK
         else:
             total = _window_sum(mixed, 0, shingle, base)
