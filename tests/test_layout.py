@@ -26,7 +26,7 @@ PACKAGE = Path(workbench.__file__).resolve().parent
 
 # Lower layers first; a module may import its own package and any package of a lower layer.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    {"__init__", "errors", "compiling"},
+    {"__init__", "errors", "compiling", "loops"},
     {"profiles", "resources", "text", "sketch", "modes"},
     {"config", "tokenizer"},
     {"chat"},

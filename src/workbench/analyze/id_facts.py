@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from workbench import loops
+
 __all__ = ["IdFacts", "id_facts"]
 
 
@@ -55,9 +57,17 @@ def id_facts(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, vocab_siz
     return IdFacts(*out)
 
 
-@functools.cache
 def _kernel() -> Any:
-    """The compiled pass (:mod:`workbench.analyze._facts_loop`), or None without numba."""
+    """The compiled pass (:mod:`workbench.analyze._facts_loop`), or None without numba or
+    where it is not wanted (:mod:`workbench.loops`)."""
+    return _loaded() if loops.wanted(_LOOPS) else None
+
+
+_LOOPS = "workbench.analyze._facts_loop"
+
+
+@functools.cache
+def _loaded() -> Any:
     try:
         from workbench.analyze._facts_loop import facts_loop
     except ImportError:

@@ -31,6 +31,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from workbench import loops
 from workbench.analyze.findings import ValidationReport, dataset_report, read_prompt_ids
 from workbench.analyze.quality import (
     QUALITY_VERSION,
@@ -125,7 +126,8 @@ def scan_run(
                        thresholds, cache, decontaminate, use_figures)
                  for ds in run.datasets]
         jobs, owners = _plan_jobs(files, workers, decontaminate)
-        with _job_runner(jobs, workers) as results:
+        with loops.sized(sum(job.end - job.start for job in jobs)), \
+                _job_runner(jobs, workers) as results:
             prompts = [read_prompt_ids(ds, thresholds, cache) for ds in run.datasets]  # meanwhile
             figures = prompt_figures(run, decontaminate, cache=cache,  # meanwhile too
                                      kept=use_figures, share=thresholds.template_share)
@@ -134,7 +136,8 @@ def scan_run(
             _save(files, scans, owners)
     except OSError as exc:
         raise DataError(exc.filename or out, f"cannot read: {exc.strerror or exc}") from None
-    data = data_findings(run, scans, thresholds, decontaminate, prompts=figures)
+    with loops.sized(0):  # the comparisons read what was kept: no loops loaded for them
+        data = data_findings(run, scans, thresholds, decontaminate, prompts=figures)
     notes = _turn_findings(run, profile, thresholds, data) if turn_prompts else []
     reports = {ds.name: dataset_report(scan, prompt, thresholds,
                                         ds.settings.get("budget_reached") is True, data[ds.name])

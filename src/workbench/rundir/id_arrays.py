@@ -26,6 +26,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from workbench import loops
+
 __all__ = ["IdArrays", "of_lists", "one_per_line", "parse_spans", "prepare", "span_lines"]
 
 _NEWLINE, _COMMA, _SPACE, _ZERO = ord("\n"), ord(","), ord(" "), ord("0")
@@ -182,10 +184,19 @@ def span_lines(whole: bytes, spans: Sequence[tuple[int, int]]) -> Any:
 
 # --- the compiled loop (numba, when installed) ------------------------------------------------
 
-@functools.cache
 def _kernel() -> Any:
     """The compiled span parser (:mod:`workbench.rundir._parse_loop`), or None without numba
-    (compiled on first use and kept in numba's cache, so the next process loads it)."""
+    or where it is not wanted (:mod:`workbench.loops`)."""
+    return _loaded() if loops.wanted(_LOOPS) else None
+
+
+_LOOPS = "workbench.rundir._parse_loop"
+
+
+@functools.cache
+def _loaded() -> Any:
+    """The compiled span parser, or None without numba (compiled on first use and kept in
+    numba's cache, so the next process loads it)."""
     try:
         from workbench.rundir._parse_loop import parse_loop
     except ImportError:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from workbench import loops
 from workbench.sketch import hashing, minhash, repeats
 from workbench.sketch.hashing import as_u64, clipped
 from workbench.sketch.minhash import DEFAULT_NUM_PERM, DEFAULT_SHINGLE, signatures
@@ -105,8 +106,17 @@ def _constants(n: int, shingle: int) -> tuple[np.uint64, ...]:
         pow(base, shingle - 1, _M64), shingle + offset, minhash._SEED_SHORT + offset))
 
 
-@functools.cache
 def _kernel() -> Any:
+    """The compiled loops' module, or None without numba or where they are not wanted
+    (:mod:`workbench.loops`)."""
+    return _loaded() if loops.wanted(_LOOPS) else None
+
+
+_LOOPS = "workbench.sketch._loops"
+
+
+@functools.cache
+def _loaded() -> Any:
     """The compiled loops' module, or None without numba (compiled on first use and kept in
     numba's cache, so the next process loads them)."""
     try:

@@ -1,0 +1,43 @@
+"""When the compiled loops run: where numba is installed (the ``fast`` extra), for work big
+enough to pay for loading them.
+
+Importing numba and loading the compiled loops from its cache takes about half a second and
+130 MB (LLVM's code and state) in a process; on two cores they save about 4 ms a megabyte a
+first read scans. A command that reads less than :data:`MIN_BYTES` of new bytes (a validate
+after an append, a small run) runs numpy's passes, which give the same answers, unless the
+loops are loaded already (a notebook that read a large run before).
+
+    sized      a context: within it, the loops are loaded only for work of MIN_BYTES or more
+    wanted     whether a module of compiled loops may be used now (loaded, or may be loaded)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+__all__ = ["MIN_BYTES", "sized", "wanted"]
+
+MIN_BYTES = 128 << 20  # about where loading the loops pays for itself on a first read
+
+_small = 0  # depth of the `sized` contexts of small work entered
+
+
+@contextlib.contextmanager
+def sized(work_bytes: int) -> Iterator[None]:
+    """Within: the compiled loops not yet loaded are not loaded, unless `work_bytes` (the
+    bytes the work will read) is MIN_BYTES or more."""
+    global _small
+    small = work_bytes < MIN_BYTES
+    _small += small
+    try:
+        yield
+    finally:
+        _small -= small
+
+
+def wanted(module: str) -> bool:
+    """Whether the compiled loops of `module` (its name) may be used: loaded already, or
+    outside any small work's `sized` context."""
+    return not _small or module in sys.modules
