@@ -90,6 +90,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench import loops
 from workbench.analyze.quality import Decontamination, flagged_samples, run_benchmarks
 from workbench.analyze.rules import RECORD_RULES, Thresholds
 from workbench.analyze.scan import scan_run
@@ -300,6 +301,8 @@ def export_run(
     _check_target_outside(target, run)
     profile = run.profile(options.model_profile)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(loops.sized(sum(  # numba's loops loaded for a large run only
+            ds.raw_path.stat().st_size for ds in run.datasets if ds.raw_path.is_file())))
         sources: list[Source] = []
         for ds in run.datasets:
             sources.append(open_source(run, ds, profile, options))
