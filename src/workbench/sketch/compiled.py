@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench import loops
 from workbench.sketch import hashing, minhash, repeats
-from workbench.sketch.hashing import as_u64, clipped
+from workbench.sketch.hashing import bounded, clipped
 from workbench.sketch.minhash import DEFAULT_NUM_PERM, DEFAULT_SHINGLE, signatures
 from workbench.sketch.repeats import DEFAULT_REPEAT_NGRAM, split_repeat_share
 
@@ -48,13 +48,11 @@ def row_figures(
     :func:`~workbench.sketch.split_repeat_share` at `split` with `n`-grams, and the
     :func:`~workbench.sketch.signatures` of its first :data:`~workbench.sketch.MAX_ROW_IDS`
     ids (num_perm 0: none, a (rows, 0) array)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
     split = np.asarray(split, dtype=np.int64)
     if n < 1 or shingle < 1 or not 0 <= num_perm <= minhash._MAX_PERM:
         raise ValueError(f"n and shingle must be >= 1 and num_perm in 0..{minhash._MAX_PERM}: "
                          f"{n}, {shingle}, {num_perm}")
-    values = _checked(ids, starts, ends)
+    values, starts, ends = bounded(ids, starts, ends)
     count = len(starts)
     kernel = _kernel()
     if kernel is None:
@@ -76,23 +74,10 @@ def digest(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     kernel = _kernel()
     if kernel is None:
         return repeats.digest(ids, starts, ends)
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
-    values = _checked(ids, starts, ends)
+    values, starts, ends = bounded(ids, starts, ends)
     out = np.empty(len(starts), dtype=np.uint64)
     kernel.digest_loop(values, starts, ends, _constants(1, 1)[0], out)
     return out
-
-
-def _checked(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The ids as uint64; ValueError unless every row lies inside them."""
-    values = as_u64(ids)
-    if starts.shape != ends.shape:
-        raise ValueError(f"{len(starts)} starts but {len(ends)} ends")
-    if len(starts) and (int((ends - starts).min()) < 0 or int(starts.min()) < 0
-                        or int(ends.max()) > len(values)):
-        raise ValueError("row boundaries outside the token array")
-    return values
 
 
 @functools.cache

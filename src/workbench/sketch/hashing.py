@@ -9,6 +9,7 @@ that stay in cache.
     mix            splitmix64, elementwise: the mixing under every hash of the package
     as_u64         token ids (int64, possibly negative) or uint64 word hashes as uint64
     sorted_unique  the distinct values, sorted
+    bounded        a block's values and row bounds, checked
     Rows, as_rows  rows back to back: values and offsets
     windows        (hash, flat start, row) of every window of n values inside a row
     ngram_hashes   the hash of every n-gram inside a row, and the row of each
@@ -30,6 +31,7 @@ __all__ = [
     "Rows",
     "as_rows",
     "as_u64",
+    "bounded",
     "chunks",
     "clipped",
     "mix",
@@ -121,17 +123,25 @@ class Rows:
         return Rows(self.values[a:b], self.offsets[first:last + 1] - a)
 
 
-def as_rows(tokens: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
-            ends: np.ndarray | Sequence[int]) -> Rows:
-    """The rows tokens[starts[i]:ends[i]] back to back (no copy when they already are)."""
+def bounded(tokens: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
+            ends: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values as uint64, starts, ends as int64); ValueError unless every row lies inside."""
     values = as_u64(tokens)
     first = np.asarray(starts, dtype=np.int64).ravel()
     last = np.asarray(ends, dtype=np.int64).ravel()
     if first.shape != last.shape:
         raise ValueError(f"{len(first)} starts but {len(last)} ends")
-    lengths = last - first
-    if (lengths < 0).any() or (len(first) and (first.min() < 0 or last.max() > len(values))):
+    if len(first) and (int((last - first).min()) < 0 or int(first.min()) < 0
+                       or int(last.max()) > len(values)):
         raise ValueError("row boundaries outside the token array")
+    return values, first, last
+
+
+def as_rows(tokens: np.ndarray | Sequence[int], starts: np.ndarray | Sequence[int],
+            ends: np.ndarray | Sequence[int]) -> Rows:
+    """The rows tokens[starts[i]:ends[i]] back to back (no copy when they already are)."""
+    values, first, last = bounded(tokens, starts, ends)
+    lengths = last - first
     offsets = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if not len(first):

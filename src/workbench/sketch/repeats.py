@@ -19,6 +19,7 @@ from workbench.sketch.hashing import (
     CHUNK_IDS,
     Rows,
     as_rows,
+    bounded,
     chunks,
     clipped,
     mix,
@@ -144,19 +145,32 @@ def digest(
     any block or process; different ones differ but with a chance of about 2**-64 (every bit
     of every id counts: token ids and word hashes alike).
     """
-    rows = as_rows(ids, starts, ends)
-    out = np.empty(len(rows), dtype=_U64)
+    values, starts, ends = bounded(ids, starts, ends)
+    lengths = ends - starts
+    out = np.empty(len(starts), dtype=_U64)
+    long = lengths > CHUNK_IDS  # summed a slice at a time: memory bounded by the slice
+    for row in np.flatnonzero(long).tolist():
+        total = 0
+        for at in range(int(starts[row]), int(ends[row]), CHUNK_IDS):
+            piece = values[at:min(at + CHUNK_IDS, int(ends[row]))]
+            position = np.arange(at - starts[row], at - starts[row] + len(piece), dtype=_U64)
+            total = (total + int(_digest_terms(piece, position).sum(dtype=_U64))) % (1 << 64)
+        out[row] = total
+    rest = np.flatnonzero(~long)
+    rows = as_rows(values, starts[rest], ends[rest])
     for first, last in chunks(rows, CHUNK_IDS, 0):
         part = rows.part(first, last)
-        lengths = part.lengths
         position = np.arange(len(part.values), dtype=_U64) - \
-            np.repeat(part.offsets[:-1], lengths).astype(_U64)
-        terms = mix(mix(part.values, _SEED_TOKEN) ^ (position * _DIGEST_POSITION), _SEED_DIGEST)
-        sums = np.zeros(len(part.values) + 1, dtype=_U64)
-        np.cumsum(terms, out=sums[1:])
-        total = sums[part.offsets[1:]] - sums[part.offsets[:-1]]
-        out[first:last] = mix(total ^ lengths.astype(_U64), _SEED_DIGEST_END)
-    return out
+            np.repeat(part.offsets[:-1], part.lengths).astype(_U64)
+        running = np.zeros(len(part.values) + 1, dtype=_U64)
+        np.cumsum(_digest_terms(part.values, position), out=running[1:])
+        out[rest[first:last]] = running[part.offsets[1:]] - running[part.offsets[:-1]]
+    return mix(out ^ lengths.astype(_U64), _SEED_DIGEST_END)
+
+
+def _digest_terms(values: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Each id's part of its row's digest: its token hash mixed with its position."""
+    return mix(mix(values, _SEED_TOKEN) ^ (position * _DIGEST_POSITION), _SEED_DIGEST)
 
 
 def exact_duplicates(digests: np.ndarray | Sequence[int]) -> np.ndarray:
