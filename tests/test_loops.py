@@ -28,3 +28,24 @@ def test_the_context_is_left_however_the_work_ends(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RuntimeError), loops.sized(1):
         raise RuntimeError
     assert loops.wanted("workbench.not_a_loaded_module")
+
+
+def test_a_loader_runs_once_and_a_missing_numba_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loops, "MIN_BYTES", 100)
+    calls: list[str] = []
+
+    @loops.compiled("workbench.not_a_loaded_module")
+    def present() -> str:
+        calls.append("present")
+        return "loops"
+
+    @loops.compiled("workbench.not_a_loaded_module")
+    def missing() -> str:
+        calls.append("missing")
+        raise ImportError("No module named 'numba'")
+
+    with loops.sized(1):
+        assert present() is None and calls == []  # small work: not even imported
+    assert present() == "loops" and present() == "loops"
+    assert missing() is None and missing() is None
+    assert calls == ["present", "missing"]

@@ -9,15 +9,19 @@ loops are loaded already (a notebook that read a large run before).
 
     sized      a context: within it, the loops are loaded only for work of MIN_BYTES or more
     wanted     whether a module of compiled loops may be used now (loaded, or may be loaded)
+    compiled   a decorator of a module's loader of its compiled loops: loaded once, None
+               without numba or where they are not wanted
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["MIN_BYTES", "sized", "wanted"]
+__all__ = ["MIN_BYTES", "compiled", "sized", "wanted"]
 
 MIN_BYTES = 128 << 20  # about where loading the loops pays for itself on a first read
 
@@ -41,3 +45,25 @@ def wanted(module: str) -> bool:
     """Whether the compiled loops of `module` (its name) may be used: loaded already, or
     outside any small work's `sized` context."""
     return not _small or module in sys.modules
+
+
+def compiled(module: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+    """Decorate a loader that imports the compiled loops of `module` (its name) and returns
+    what its caller runs: the decorated function returns that, imported once (numba compiles
+    them on first use and keeps them in its cache, so the next process loads them), or None
+    where numba is not installed or the loops are not :func:`wanted`."""
+    def decorate(load: Callable[[], Any]) -> Callable[[], Any]:
+        @functools.cache
+        def loaded() -> Any:
+            try:
+                return load()
+            except ImportError:
+                return None
+
+        @functools.wraps(load)
+        def kernel() -> Any:
+            return loaded() if wanted(module) else None
+
+        return kernel
+
+    return decorate

@@ -11,7 +11,6 @@ each id once where the numpy passes read them about six times.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,21 +56,11 @@ def id_facts(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, vocab_siz
     return IdFacts(*out)
 
 
+@loops.compiled("workbench.analyze._facts_loop")
 def _kernel() -> Any:
-    """The compiled pass (:mod:`workbench.analyze._facts_loop`), or None without numba or
-    where it is not wanted (:mod:`workbench.loops`)."""
-    return _loaded() if loops.wanted(_LOOPS) else None
+    """The compiled pass (:mod:`workbench.analyze._facts_loop`), or None."""
+    from workbench.analyze._facts_loop import facts_loop
 
-
-_LOOPS = "workbench.analyze._facts_loop"
-
-
-@functools.cache
-def _loaded() -> Any:
-    try:
-        from workbench.analyze._facts_loop import facts_loop
-    except ImportError:
-        return None
     return facts_loop
 
 

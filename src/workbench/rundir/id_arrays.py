@@ -21,7 +21,6 @@ more) is read line by line by the caller, where JSON decides.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -184,23 +183,11 @@ def span_lines(whole: bytes, spans: Sequence[tuple[int, int]]) -> Any:
 
 # --- the compiled loop (numba, when installed) ------------------------------------------------
 
+@loops.compiled("workbench.rundir._parse_loop")
 def _kernel() -> Any:
-    """The compiled span parser (:mod:`workbench.rundir._parse_loop`), or None without numba
-    or where it is not wanted (:mod:`workbench.loops`)."""
-    return _loaded() if loops.wanted(_LOOPS) else None
+    """The compiled span parser (:mod:`workbench.rundir._parse_loop`), or None."""
+    from workbench.rundir._parse_loop import parse_loop
 
-
-_LOOPS = "workbench.rundir._parse_loop"
-
-
-@functools.cache
-def _loaded() -> Any:
-    """The compiled span parser, or None without numba (compiled on first use and kept in
-    numba's cache, so the next process loads it)."""
-    try:
-        from workbench.rundir._parse_loop import parse_loop
-    except ImportError:
-        return None
     return parse_loop
 
 

@@ -91,23 +91,11 @@ def _constants(n: int, shingle: int) -> tuple[np.uint64, ...]:
         pow(base, shingle - 1, _M64), shingle + offset, minhash._SEED_SHORT + offset))
 
 
+@loops.compiled("workbench.sketch._loops")
 def _kernel() -> Any:
-    """The compiled loops' module, or None without numba or where they are not wanted
-    (:mod:`workbench.loops`)."""
-    return _loaded() if loops.wanted(_LOOPS) else None
+    """The compiled loops' module (:mod:`workbench.sketch._loops`), or None."""
+    from workbench.sketch import _loops
 
-
-_LOOPS = "workbench.sketch._loops"
-
-
-@functools.cache
-def _loaded() -> Any:
-    """The compiled loops' module, or None without numba (compiled on first use and kept in
-    numba's cache, so the next process loads them)."""
-    try:
-        from workbench.sketch import _loops
-    except ImportError:
-        return None
     return _loops
 
 
