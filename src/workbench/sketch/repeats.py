@@ -139,8 +139,9 @@ def digest(
 
     Each id's token hash (the one the windows of :func:`workbench.sketch.hashing.windows`
     take) is mixed with its position in the row, the results summed (mod 2**64), and the sum
-    mixed with the row's length: a few numpy passes over the whole block, with no loop over
-    rows, and one compiled pass with its other figures where numba is installed
+    mixed with the row's length: a few numpy passes over the whole block (a row of more than
+    CHUNK_IDS ids a slice at a time, memory bounded), or one compiled pass with its other
+    figures where numba is installed
     (:mod:`workbench.sketch.compiled`: the same digests). Equal sequences give equal digests in
     any block or process; different ones differ but with a chance of about 2**-64 (every bit
     of every id counts: token ids and word hashes alike).
