@@ -63,7 +63,7 @@ from workbench.rundir.figures import (
 )
 from workbench.rundir.id_arrays import IdArrays, of_lists, prepare
 from workbench.rundir.layout import RAW_FILE, DatasetDir
-from workbench.rundir.reader import iter_blocks, paused_gc
+from workbench.rundir.reader import ROWS_AT_BLOCK_BYTES, iter_blocks, paused_gc
 from workbench.rundir.records import Block, Row
 from workbench.rundir.run import RunInfo, load_run
 from workbench.sketch import compiled
@@ -74,7 +74,8 @@ _MB = 1 << 20
 
 MIN_RANGE_BYTES = 32 * _MB  # a file is cut into ranges of at least this size for the workers
 
-SCAN_BLOCK_BYTES = 256 << 10  # small blocks: the ids are checked while still in the CPU cache
+# small blocks: the ids are checked while still in the CPU cache (rows_at reads back by them)
+SCAN_BLOCK_BYTES = ROWS_AT_BLOCK_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ memory. Each line becomes a Row as :mod:`workbench.rundir.normalise` says. A chu
 lines is decoded in one call, its token id arrays emptied first by a byte search (parsing
 their digits is most of a scan's cost); a chunk holding a bad line is decoded line by line.
 A reader that wants the output ids as numbers (validation: ``id_arrays``) gets them in one
-int64 array per chunk, their digits parsed in one numpy call
-(:mod:`workbench.rundir.id_arrays`), never as Python lists.
+int64 array per chunk, their digits parsed in one call (:mod:`workbench.rundir.id_arrays`:
+compiled with numba, else numpy), never as Python lists.
 
 Every reader sees the same lines as records, whether it reads the output ids or not: a line
 whose ``output_ids`` array would not decode as non-negative ints (a NUL byte, a minus sign, a
