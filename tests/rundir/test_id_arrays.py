@@ -63,7 +63,7 @@ def test_plain_arrays_parse_in_one_call(items: tuple[bytes, ...],
 @pytest.mark.parametrize(
     "text",
     [b"1,,2", b"1 2", b"01", b"00", b"+1", b"1.5", b"1e5", b"1,true", b"1,2,", b",1", b"-1",
-     b"1\t,2", b"9" * 19, b"99999999999999999999", b'1,"2"'],
+     b"1\t,2", b"9" * 19, b"99999999999999999999", b'1,"2"', b"00, ,0", b"1, , 2"],
 )
 def test_what_json_or_int64_would_not_take_is_refused(text: bytes) -> None:
     data, spans = _spans(b"5", text)

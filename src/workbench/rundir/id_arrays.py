@@ -96,8 +96,9 @@ def _parse_numpy(data: bytes, spans: Sequence[tuple[int, int]]) -> tuple[Any, li
     The non-blank spans are joined by commas and parsed in one ``numpy.fromstring`` call. It
     reads ``ws? int (ws? , ws? int)* ws?`` and warns when it stops early (two commas, a
     missing comma, a letter); what it would take but JSON does not is refused by counting:
-    every byte is a digit, a comma or a space, one comma fewer than ids, and as many digits
-    as the ids have (a leading zero has one more).
+    every byte is a digit, a comma or a space, no comma next to another or at an end (spaces
+    aside), one comma fewer than ids, and as many digits as the ids have (a leading zero has
+    one more).
     """
     import numpy as np
 
@@ -111,6 +112,9 @@ def _parse_numpy(data: bytes, spans: Sequence[tuple[int, int]]) -> tuple[Any, li
     digits = int(np.count_nonzero((chars - np.uint8(_ZERO)) < 10))
     comma_count = int(np.count_nonzero(commas))
     if digits + comma_count + int(np.count_nonzero(chars == _SPACE)) != len(text):
+        return None
+    solid = commas[chars != _SPACE]  # an empty item (", ,", a comma at an end) reads as a 0
+    if solid[0] or solid[-1] or bool((solid[1:] & solid[:-1]).any()):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy warns when it stops before the end of the text
