@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from workbench import loops
@@ -49,3 +51,15 @@ def test_a_loader_runs_once_and_a_missing_numba_gives_none(monkeypatch: pytest.M
     assert present() == "loops" and present() == "loops"
     assert missing() is None and missing() is None
     assert calls == ["present", "missing"]
+
+
+def test_small_work_holds_in_its_own_thread_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loops, "MIN_BYTES", 100)
+    name = "workbench.not_a_loaded_module"
+    seen: list[bool] = []
+    with loops.sized(1):
+        thread = threading.Thread(target=lambda: seen.append(loops.wanted(name)))
+        thread.start()
+        thread.join()
+        assert not loops.wanted(name)
+    assert seen == [True]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,26 +26,26 @@ __all__ = ["MIN_BYTES", "compiled", "sized", "wanted"]
 
 MIN_BYTES = 128 << 20  # about where loading the loops pays for itself on a first read
 
-_small = 0  # depth of the `sized` contexts of small work entered
+_state = threading.local()  # per thread: `small`, the depth of its small work's contexts
 
 
 @contextlib.contextmanager
 def sized(work_bytes: int) -> Iterator[None]:
-    """Within: the compiled loops not yet loaded are not loaded, unless `work_bytes` (the
-    bytes the work will read) is MIN_BYTES or more."""
-    global _small
-    small = work_bytes < MIN_BYTES
-    _small += small
+    """Within (in this thread, and the processes it forks): the compiled loops not yet
+    loaded are not loaded, unless `work_bytes` (the bytes the work will read) is MIN_BYTES or
+    more."""
+    small = int(work_bytes < MIN_BYTES)
+    _state.small = getattr(_state, "small", 0) + small
     try:
         yield
     finally:
-        _small -= small
+        _state.small -= small
 
 
 def wanted(module: str) -> bool:
     """Whether the compiled loops of `module` (its name) may be used: loaded already, or
     outside any small work's `sized` context."""
-    return not _small or module in sys.modules
+    return not getattr(_state, "small", 0) or module in sys.modules
 
 
 def compiled(module: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:

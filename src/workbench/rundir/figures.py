@@ -45,7 +45,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
-from workbench import sketch
+from workbench import loops, sketch
 from workbench.rundir.cache import AppendedCache, cache_key, file_stamp, store_path
 from workbench.rundir.prompt_reader import PromptContents, iter_prompt_contents
 from workbench.rundir.records import SampleId
@@ -343,7 +343,7 @@ class FigureAppender:
         self._pool.submit(self._write, batch)
 
     def _write(self, id_lists: list[Sequence[int]]) -> None:
-        with self._lock:
+        with self._lock, loops.sized(0):  # a batch at a time: numba not loaded for it
             try:
                 batch = _flat(id_lists)
             except (OverflowError, ValueError, TypeError):  # ids no model gives: validate's
@@ -603,9 +603,10 @@ class PromptFigureKeeper:
         self._thread.start()
 
     def _run(self) -> None:
-        for path in self._paths:  # once stopped, one block of each: a quick run keeps them
-            with contextlib.suppress(OSError):  # best effort: validate computes what is missing
-                prompt_rows(path, self._decontaminate, stop=self._stop.is_set)
+        with loops.sized(0):  # beside generate: numba not loaded for it (used where loaded)
+            for path in self._paths:  # once stopped, one block of each: a quick run keeps them
+                with contextlib.suppress(OSError):  # best effort: validate computes the rest
+                    prompt_rows(path, self._decontaminate, stop=self._stop.is_set)
 
     def close(self) -> None:
         """Stop after the block being read (what was read is kept) and wait for the thread."""
